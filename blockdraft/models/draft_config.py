@@ -1,0 +1,145 @@
+"""The fully resolved shape of a draft: what a model is built from and what export writes.
+
+Every field is concrete (no "same as target" placeholders); `blockdraft.models.resolve`
+turns a user's draft settings plus a target's HF config into one of these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from blockdraft.errors import ConfigError
+
+DRAFT_KINDS = ("dflash", "dflash2")
+
+
+@dataclass
+class DraftModelConfig:
+    kind: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    target_hidden_size: int
+    num_target_layers: int
+    target_layer_ids: List[int]
+    mask_token_id: int
+    block_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    hidden_act: str = "silu"
+    sliding_window: Optional[int] = None
+    # DFlash2 only.
+    conv_kernel_size: int = 2
+    conv_group_size: int = 1
+    selector_rank: int = 64
+    selector_top_k: int = 8
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: Optional[float] = None
+    # Token ids the mask token must never alias (pad/eos/bos); checked, not serialised.
+    forbidden_mask_ids: List[int] = field(default_factory=list)
+
+    def validate(self) -> "DraftModelConfig":
+        check_kind(self.kind)
+        check_layer_ids(self.target_layer_ids, self.num_target_layers)
+        check_mask_token(self.mask_token_id, self.vocab_size, self.forbidden_mask_ids)
+        if self.block_size < 2:
+            raise ConfigError(
+                f"draft.block_size={self.block_size}: a block needs the anchor and at least one "
+                "drafted slot. Set draft.block_size >= 2 (16 is the usual choice)."
+            )
+        if self.num_hidden_layers < 1:
+            raise ConfigError(f"draft.num_layers={self.num_hidden_layers}: set draft.num_layers >= 1.")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"draft.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"draft.num_key_value_heads={self.num_key_value_heads}; pick heads divisible by kv heads."
+            )
+        if self.kind == "dflash2":
+            self._validate_dflash2()
+        return self
+
+    def _validate_dflash2(self) -> None:
+        if self.hidden_size % self.conv_group_size:
+            raise ConfigError(
+                f"draft.conv_group_size={self.conv_group_size} does not divide hidden_size="
+                f"{self.hidden_size}; choose a divisor of {self.hidden_size}."
+            )
+        if self.conv_kernel_size < 1:
+            raise ConfigError(f"draft.conv_kernel_size={self.conv_kernel_size}: set it >= 1 (2 is usual).")
+        if not 1 <= self.selector_top_k <= self.vocab_size:
+            raise ConfigError(
+                f"draft.selector_top_k={self.selector_top_k} is outside [1, vocab_size={self.vocab_size}]; "
+                "set a k no larger than the vocabulary (8 is usual)."
+            )
+        if self.selector_rank < 1:
+            raise ConfigError(f"draft.selector_rank={self.selector_rank}: set it >= 1 (64 is usual).")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def check_kind(kind: str) -> None:
+    if kind not in DRAFT_KINDS:
+        raise ConfigError(f"draft.kind={kind!r} is unknown; use one of {list(DRAFT_KINDS)}.")
+
+
+def check_layer_ids(ids, num_target_layers: int) -> None:
+    """target_layer_ids must be non-empty, sorted, unique, in [0, L-2].
+
+    L-1 is excluded because HF's last hidden state is taken after the final norm,
+    and vLLM captures aux layer i+1 as the residual entering that layer.
+    """
+    key = "draft.target_layer_ids"
+    ids = list(ids) if ids is not None else []
+    if not ids:
+        raise ConfigError(f"{key} is empty; give at least one target layer, e.g. {default_layer_ids(num_target_layers, 1)}.")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(
+            f"{key}={ids} has duplicates (the default spread collapses on small targets); "
+            f"give distinct layers, or fewer draft layers, for a {num_target_layers}-layer target."
+        )
+    if ids != sorted(ids):
+        raise ConfigError(f"{key}={ids} is not sorted; use {sorted(ids)}.")
+    hi = num_target_layers - 2
+    bad = [i for i in ids if not 0 <= i <= hi]
+    if bad:
+        raise ConfigError(
+            f"{key}={ids} has {bad} outside [0, {hi}] for a target with {num_target_layers} layers "
+            "(the last layer is excluded); pick layers within that range."
+        )
+
+
+def check_mask_token(mask_token_id, vocab_size: int, forbidden: List[int]) -> None:
+    key = "draft.mask_token_id"
+    if mask_token_id is None:
+        raise ConfigError(
+            f"{key} is not set and has no default: pick a reserved, rarely used token of the target "
+            "(`python -m blockdraft.models.suggest target=<dir>` lists candidates)."
+        )
+    if not 0 <= int(mask_token_id) < vocab_size:
+        raise ConfigError(f"{key}={mask_token_id} is outside the target vocabulary [0, {vocab_size}); pick a reserved token id inside it.")
+    if int(mask_token_id) in set(forbidden):
+        raise ConfigError(
+            f"{key}={mask_token_id} is the target's pad/eos/bos token; the mask would alias it and "
+            "quietly erode acceptance. Pick another reserved token."
+        )
+
+
+def default_layer_ids(num_target_layers: int, n: int) -> List[int]:
+    """The usual spread round(1 + i*(L-4)/(n-1)); may collapse on small targets (callers check)."""
+    if n == 1:
+        return [max(0, min(1, num_target_layers - 2))]
+    return [round(1 + i * (num_target_layers - 4) / (n - 1)) for i in range(n)]

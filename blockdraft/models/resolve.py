@@ -1,0 +1,100 @@
+"""The `draft` config group (what users set) and its resolution against a target.
+
+Settings left null take the target's value, so `draft.num_layers=5` on Qwen3-8B gives a
+draft with Qwen3-8B's width and heads. The result is a concrete `DraftModelConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from blockdraft.models.draft_config import DraftModelConfig, check_kind, default_layer_ids
+
+
+@dataclass
+class DraftConfig:
+    """Schema of the `draft` config group."""
+
+    kind: str = "dflash"
+    """dflash | dflash2."""
+    num_layers: int = 1
+    """Draft decoder layers."""
+    block_size: int = 16
+    """Slots per block, anchor included; serve with num_speculative_tokens = block_size - 1."""
+    mask_token_id: Optional[int] = None
+    """Reserved target token filling the drafted slots. No default: see models.suggest."""
+    target_layer_ids: Optional[List[int]] = None
+    """0-indexed target decoder layers whose outputs condition the draft; null = default spread."""
+    num_target_features: Optional[int] = None
+    """How many target layers the default spread picks; null = num_layers."""
+    hidden_size: Optional[int] = None
+    """Draft width; null = the target's."""
+    intermediate_size: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    sliding_window: Optional[int] = None
+    """Sliding-window attention for the draft (null = full attention)."""
+    conv_kernel_size: int = 2
+    """DFlash2: taps of the in-block convolution."""
+    conv_group_size: int = 16
+    """DFlash2: channels sharing one dynamic coefficient; must divide hidden_size."""
+    selector_rank: int = 64
+    """DFlash2: rank of the pairwise selector codebooks."""
+    selector_top_k: int = 8
+    """DFlash2: candidates per slot the selector chooses among."""
+
+
+def _rope_theta(target_config) -> float:
+    params = getattr(target_config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta") or getattr(target_config, "rope_theta", None) or 10000.0)
+
+
+def _target_width(target_config, name: str, fallback=None):
+    value = getattr(target_config, name, None)
+    return value if value is not None else fallback
+
+
+def resolve_draft_config(
+    draft: DraftConfig, target_config, forbidden_mask_ids: Sequence[int] = ()
+) -> DraftModelConfig:
+    """Combine user settings with the target's HF config; validates before returning."""
+    check_kind(draft.kind)
+    num_target_layers = target_config.num_hidden_layers
+    layer_ids = draft.target_layer_ids
+    if layer_ids is None:
+        layer_ids = default_layer_ids(num_target_layers, draft.num_target_features or draft.num_layers)
+    t_hidden = target_config.hidden_size
+    n_heads = draft.num_attention_heads or target_config.num_attention_heads
+    hidden = draft.hidden_size or t_hidden
+    head_dim = draft.head_dim or (
+        _target_width(target_config, "head_dim") if draft.hidden_size is None else None
+    ) or hidden // n_heads
+    cfg = DraftModelConfig(
+        kind=draft.kind,
+        hidden_size=hidden,
+        intermediate_size=draft.intermediate_size or target_config.intermediate_size,
+        num_hidden_layers=draft.num_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=draft.num_key_value_heads or _target_width(target_config, "num_key_value_heads", n_heads),
+        head_dim=head_dim,
+        vocab_size=target_config.vocab_size,
+        target_hidden_size=t_hidden,
+        num_target_layers=num_target_layers,
+        target_layer_ids=list(layer_ids),
+        mask_token_id=draft.mask_token_id,
+        block_size=draft.block_size,
+        rms_norm_eps=_target_width(target_config, "rms_norm_eps", 1e-6),
+        rope_theta=_rope_theta(target_config),
+        max_position_embeddings=_target_width(target_config, "max_position_embeddings", 40960),
+        sliding_window=draft.sliding_window,
+        conv_kernel_size=draft.conv_kernel_size,
+        conv_group_size=draft.conv_group_size,
+        selector_rank=draft.selector_rank,
+        selector_top_k=draft.selector_top_k,
+        # Supported targets (Qwen/Llama families) have no embedding scale or logit transform,
+        # so input_embedding_scale / output_multiplier / softcapping keep their identity defaults.
+        forbidden_mask_ids=list(forbidden_mask_ids),
+    )
+    return cfg.validate()

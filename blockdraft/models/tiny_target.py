@@ -1,0 +1,68 @@
+"""Tiny random Qwen3 / Qwen3-MoE targets built from a config, for tests and the tiny_cpu recipe.
+
+Nothing is downloaded: the weights are random (seeded) and the tokenizer is the
+project's own byte-level tokenizer, so a target directory can be made anywhere offline.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+def tiny_config(arch: str = "qwen3", vocab_size: int = 272, num_layers: int = 6, hidden_size: int = 64):
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )
+    if arch == "qwen3":
+        return Qwen3Config(architectures=["Qwen3ForCausalLM"], **common)
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(
+            architectures=["Qwen3MoeForCausalLM"],
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=hidden_size,
+            decoder_sparse_step=1,
+            **common,
+        )
+    raise ValueError(f"unknown tiny target arch {arch!r}; use 'qwen3' or 'qwen3_moe'")
+
+
+def build_tiny_model(arch: str = "qwen3", seed: int = 0, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(arch, **kwargs)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def save_tiny_target(path: str | os.PathLike, arch: str = "qwen3", seed: int = 0, **kwargs) -> Path:
+    """Write a loadable HF directory (model + tokenizer with chat template). Idempotent."""
+    from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
+
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(arch, seed, vocab_size=len(tokenizer), **kwargs)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.bos_token_id = None
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, path)
+    return path

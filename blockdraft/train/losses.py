@@ -1,0 +1,120 @@
+"""Losses of the block drafters, as pure functions.
+
+The caller gathers the supervised slots (`label_mask`) into M rows; every loss here
+is a weighted mean over those rows, sum(w * loss) / sum(w), and is exactly 0, still
+on the inputs' autograd graph (so every rank runs the same backward), when nothing
+is supervised.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from blockdraft.errors import ConfigError
+
+LogitTransform = Callable[[Tensor], Tensor]
+
+
+def slot_weights(offset: Tensor, gamma: Optional[float]) -> Tensor:
+    """Per-slot loss weight exp(-offset / gamma); ones when gamma is None.
+
+    offset = k - prefix_len (shape [...] long), so the decay restarts at the first
+    supervised slot. Unsupervised slots have negative offsets; they are clamped to 0
+    so their (unused) weights cannot overflow.
+    """
+    if gamma is None:
+        return torch.ones(offset.shape, dtype=torch.float32, device=offset.device)
+    if not gamma > 0:
+        raise ConfigError(f"gamma={gamma}: the slot decay needs gamma > 0, or null for uniform")
+    return torch.exp(-offset.clamp(min=0).float() / gamma)
+
+
+def _weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
+    """sum(w * v) / sum(w); 0, still on `values`' graph, when sum(w) is 0."""
+    total = weights.sum()
+    # A safe denominator instead of a where() over a division: the unused branch of
+    # where() would still send 0 * inf = NaN gradients back.
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    return (weights * values).sum() / safe_total
+
+
+def block_cross_entropy(logits: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
+    """Weighted CE over supervised slots. logits [M, V], labels [M], weights [M] -> []."""
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")  # [M]
+    return _weighted_mean(ce, weights.float())
+
+
+def _chunk_ce(
+    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor,
+    logit_transform: Optional[LogitTransform],
+) -> Tensor:
+    logits = hidden @ lm_head_weight.t()  # [m, V]
+    if logit_transform is not None:
+        logits = logit_transform(logits)
+    return F.cross_entropy(logits.float(), labels, reduction="none")  # [m]
+
+
+def chunked_block_cross_entropy(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    weights: Tensor,
+    chunk_size: int,
+    logit_transform: Optional[LogitTransform] = None,
+) -> Tensor:
+    """`block_cross_entropy` of `logit_transform(hidden @ lm_head_weight.T)`, chunked.
+
+    hidden [M, H], lm_head_weight [V, H], labels [M], weights [M] -> []. At most
+    [chunk_size, V] logits live at once: each chunk is checkpointed, so backward
+    recomputes its logits instead of keeping them.
+    """
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size={chunk_size}: the CE chunk needs at least one row")
+    if hidden.shape[0] == 0:
+        # No chunk to run: tie the zero to both inputs so backward still reaches them.
+        return (hidden.sum() + lm_head_weight.sum()).float() * 0
+    per_row = [
+        checkpoint(
+            _chunk_ce, h, lm_head_weight, y, logit_transform, use_reentrant=False
+        )
+        for h, y in zip(hidden.split(chunk_size), labels.split(chunk_size))
+    ]
+    ce = torch.cat(per_row)  # [M]
+    return _weighted_mean(ce, weights.float())
+
+
+def topk_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k best tokens per slot: logits [M, V] -> (ids [M, k] long, logits [M, k]).
+
+    The candidate logits keep their graph: the selector's scores build on them.
+    """
+    if not 1 <= k <= logits.shape[-1]:
+        raise ConfigError(
+            f"selector_top_k={k}: must be between 1 and the vocabulary size {logits.shape[-1]}"
+        )
+    values, ids = logits.topk(k, dim=-1)  # [M, k] each
+    return ids, values
+
+
+def selector_cross_entropy(
+    scores: Tensor, candidates: Tensor, labels: Tensor, weights: Tensor
+) -> tuple[Tensor, Tensor]:
+    """DFlash2 selector CE and candidate recall.
+
+    scores [M, k], candidates [M, k] long, labels [M], weights [M] -> (loss [], recall []).
+    The CE picks the true label among the candidates, on rows where it is one of
+    them, with the same weights renormalised over those rows. recall is the
+    unweighted share of rows whose label is a candidate (nan when M == 0).
+    """
+    hit = candidates == labels.unsqueeze(-1)  # [M, k]
+    found = hit.any(dim=-1)  # [M]
+    target = hit.int().argmax(dim=-1)  # [M]: position of the label; 0 where absent (masked)
+    ce = F.cross_entropy(scores.float(), target, reduction="none")  # [M]
+    loss = _weighted_mean(ce, weights.float() * found)
+    recall = found.float().mean()
+    return loss, recall

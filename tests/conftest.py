@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+from blockdraft.models import build_draft
+from blockdraft.models.resolve import DraftConfig, resolve_draft_config
+from blockdraft.models.target import TargetModel
+from blockdraft.models.tiny_target import build_tiny_model
+
+MASK_ID = 262  # a reserved slot of the tiny tokenizer's range, never pad/eos
+
+
+@pytest.fixture(scope="session")
+def tiny_hf():
+    return build_tiny_model("qwen3", seed=0)
+
+
+def make_draft(hf_model, kind="dflash", seed=1, **overrides):
+    settings = dict(kind=kind, num_layers=2, block_size=4, mask_token_id=MASK_ID, target_layer_ids=[1, 3], conv_group_size=8)
+    settings.update(overrides)
+    cfg = resolve_draft_config(DraftConfig(**settings), hf_model.config)
+    torch.manual_seed(seed)
+    return build_draft(cfg)
+
+
+@pytest.fixture
+def tiny_target(tiny_hf):
+    return TargetModel(tiny_hf, [1, 3])

@@ -1,0 +1,57 @@
+import pytest
+import torch
+
+from blockdraft.serve.engine import SpeculativeEngine
+from blockdraft.serve.sampling import SamplingParams
+from tests.conftest import make_draft
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_greedy_equals_target_greedy_random_draft(tiny_hf, tiny_target, kind):
+    draft = make_draft(tiny_hf, kind)
+    engine = SpeculativeEngine(tiny_target, draft)
+    for seed in range(3):
+        prompt = torch.randint(0, 256, (7,), generator=torch.Generator().manual_seed(seed)).tolist()
+        ref = engine.target_generate(prompt, 20).tokens
+        res = engine.generate(prompt, 20)
+        assert res.tokens == ref
+        assert res.stats.num_drafts > 0
+
+
+def _make_predictable(hf_model, token: int):
+    """Hand-set weights so that every position's next token is `token` (embeddings dominate)."""
+    with torch.no_grad():
+        emb = hf_model.get_input_embeddings().weight
+        emb[:, 0] = 5.0
+        head = hf_model.get_output_embeddings().weight
+        head.normal_(0, 0.02)
+        head[token].zero_()
+        head[token, 0] = 10.0
+
+
+def _silence_layers(draft):
+    """Draft layers become identity, so each slot's logits follow its own embedding."""
+    with torch.no_grad():
+        for layer in draft.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_hand_set_draft_is_fully_accepted(kind):
+    from blockdraft.models.target import TargetModel
+    from blockdraft.models.tiny_target import build_tiny_model
+
+    hf = build_tiny_model("qwen3", seed=3)
+    _make_predictable(hf, token=42)
+    target = TargetModel(hf, [1, 3])
+    draft = make_draft(hf, kind)
+    _silence_layers(draft)
+    engine = SpeculativeEngine(target, draft)
+    prompt = [5, 6, 7, 8]
+    res = engine.generate(prompt, 13)
+    assert res.tokens == engine.target_generate(prompt, 13).tokens == [42] * 13
+    # 13 tokens = 1 from prefill + 3 steps of (K=3 accepted + 1 bonus).
+    assert res.stats.accepted_per_step == [3, 3, 3]
+    assert res.stats.mean_acceptance_length == 4.0
+    assert res.stats.accepted_per_position() == [3, 3, 3]

@@ -6,7 +6,7 @@ from blockdraft.models.resolve import DraftConfig, resolve_draft_config
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
 
-MASK_ID = 262  # a reserved slot of the tiny tokenizer's range, never pad/eos
+MASK_ID = 262  # <|reserved_2|> of the tiny tokenizer: never pad, eos or bos
 
 
 @pytest.fixture(scope="session")

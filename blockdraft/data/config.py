@@ -72,3 +72,20 @@ class DataConfig:
                 f"data.chat_template_kwargs={self.chat_template_kwargs!r} is not a mapping; "
                 "write it as {enable_thinking: false}"
             )
+
+
+def as_data_config(cfg: Any) -> DataConfig:
+    """A `DataConfig` from itself, an OmegaConf node of the `data` group, or a plain mapping."""
+    if isinstance(cfg, DataConfig):
+        return cfg
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:
+        pass
+    try:
+        return DataConfig(**dict(cfg))
+    except TypeError as e:
+        raise ConfigError(f"the data config does not fit the `data` schema ({e}); check its keys") from None

@@ -219,7 +219,8 @@ def _parse_jsonl_line(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RowProblem(Reason.NOT_UTF8, f"byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8") from None
+        detail = f"byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8"
+        raise RowProblem(Reason.NOT_UTF8, detail) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -98,7 +98,10 @@ class DFlashDraftModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
         """The target's head, then the target's own logit transform (identity for Qwen3)."""
-        logits = F.linear(hidden, lm_head_weight)
+        return self.transform_logits(F.linear(hidden, lm_head_weight))
+
+    def transform_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        # Scale first, then softcap, as vLLM's DFlash2 candidate path does.
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

@@ -151,14 +151,17 @@ class TargetModel:
         return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     def special_token_ids(self, tokenizer=None) -> List[int]:
-        """pad/eos/bos ids from the model config and tokenizer: never valid mask tokens."""
-        ids = set()
-        sources = [self.model.config, getattr(self.model, "generation_config", None), tokenizer]
-        for src in sources:
-            for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-                value = getattr(src, name, None) if src is not None else None
-                if isinstance(value, int):
-                    ids.add(value)
-                elif isinstance(value, (list, tuple)):
-                    ids.update(v for v in value if isinstance(v, int))
-        return sorted(ids)
+        return special_token_ids(self.model.config, getattr(self.model, "generation_config", None), tokenizer)
+
+
+def special_token_ids(*sources) -> List[int]:
+    """pad/eos/bos ids named by any of the sources (configs, tokenizer): never valid mask tokens."""
+    ids = set()
+    for src in sources:
+        for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+            value = getattr(src, name, None) if src is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(v for v in value if isinstance(v, int))
+    return sorted(ids)

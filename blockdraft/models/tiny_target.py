@@ -49,6 +49,21 @@ def build_tiny_model(arch: str = "qwen3", seed: int = 0, **kwargs):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+def _speak_printable_ascii(model, keep: set) -> None:
+    """Zero the head rows of every token but printable ASCII (and `keep`).
+
+    A random model's argmax then always lands on a printable character (some of ~95 random
+    logits is > 0 = the zeroed ones), so its greedy text decodes and re-tokenises to the very
+    ids it generated: data regenerated as text stays what the target actually said.
+    """
+    allowed = set(range(ord(" "), ord("~") + 1)) | keep
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        for token in range(head.shape[0]):
+            if token not in allowed:
+                head[token].zero_()
+
+
 def save_tiny_target(path: str | os.PathLike, arch: str = "qwen3", seed: int = 0, **kwargs) -> Path:
     """Write a loadable HF directory (model + tokenizer with chat template). Idempotent."""
     from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
@@ -58,6 +73,7 @@ def save_tiny_target(path: str | os.PathLike, arch: str = "qwen3", seed: int = 0
         return path
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(arch, seed, vocab_size=len(tokenizer), **kwargs)
+    _speak_printable_ascii(model, keep={tokenizer.eos_token_id})
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.eos_token_id = tokenizer.eos_token_id
     model.config.bos_token_id = None

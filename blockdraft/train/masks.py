@@ -24,6 +24,16 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
+from blockdraft.errors import ConfigError
+
+
+def _check_window(sliding_window: Optional[int]) -> None:
+    # A slot must at least see itself, or its softmax row is empty and turns NaN.
+    if sliding_window is not None and sliding_window < 1:
+        raise ConfigError(
+            f"sliding_window={sliding_window}: must be >= 1, or null for full attention"
+        )
+
 
 def dense_block_mask(
     anchors: Tensor,
@@ -36,6 +46,7 @@ def dense_block_mask(
     sliding_window: Optional[int] = None,
 ) -> Tensor:
     """Boolean attention mask, True = attend: [N, 1, A*B, T + A*B]."""
+    _check_window(sliding_window)
     n, t = attention_mask.shape
     a = anchors.shape[1]
     key_t = torch.arange(t, device=anchors.device)  # [T]
@@ -67,6 +78,7 @@ def block_mask_mod(
     sliding_window: Optional[int] = None,
 ) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
     """The rule as a flex-attention mask_mod(b, h, q_idx, kv_idx) over the given rows."""
+    _check_window(sliding_window)
     t = attention_mask.shape[1]
     q_len = block_position_ids.shape[1]
     kv_len = t + q_len

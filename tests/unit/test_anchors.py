@@ -86,7 +86,8 @@ def test_sample_anchors_pads_short_rows_and_more_anchors_than_tokens():
     valid[0, [1, 4]] = True  # row 1 has no valid position at all
     anchors, anchor_valid = sample_anchors(valid, 8, torch.Generator().manual_seed(0))
     assert anchors.shape == anchor_valid.shape == (2, 8)
-    assert anchors[0, :2].tolist() == [1, 4] and anchor_valid[0].tolist() == [True] * 2 + [False] * 6
+    assert anchors[0, :2].tolist() == [1, 4]
+    assert anchor_valid[0].tolist() == [True] * 2 + [False] * 6
     assert not anchor_valid[1].any() and (anchors[1] == 0).all()
 
 

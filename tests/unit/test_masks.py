@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
+from blockdraft.errors import ConfigError
 from blockdraft.train.anchors import build_blocks, sample_anchors, valid_anchor_mask
 from blockdraft.train.masks import block_mask_mod, dense_block_mask, flex_block_mask
 
@@ -173,3 +174,10 @@ def test_sliding_window_compares_position_ids(inputs):
             seen_pos = key_pos[row][mask[row, q]]
             assert (seen_pos > q_pos[row, q] - window).all()
             assert mask[row, q, T + q]  # a slot always sees itself
+
+
+def test_a_window_below_one_is_a_config_error(inputs):
+    with pytest.raises(ConfigError, match="sliding_window"):
+        dense_block_mask(**inputs, sliding_window=0)
+    with pytest.raises(ConfigError, match="sliding_window"):
+        block_mask_mod(**inputs, sliding_window=0)

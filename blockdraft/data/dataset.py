@@ -1,0 +1,277 @@
+"""Chat rows -> a map-style dataset of token ids and loss masks, cached on disk, and its collate.
+
+Tokenisation runs once per (rows, tokenizer, settings): the result is cached under a hash
+of the rows' content, the tokenizer (vocabulary, merges, chat template) and the settings
+that change the ids. Packing only lays cached conversations out into rows, so it is
+applied after the cache and does not invalidate it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+from torch.utils.data import Dataset
+
+from blockdraft.data.config import DataConfig, as_data_config
+from blockdraft.data.rows import RejectReport, iter_rows, new_report
+from blockdraft.data.tokenize import RowRejected, chat_template_of, tokenize_row
+from blockdraft.errors import DataError
+
+log = logging.getLogger(__name__)
+
+# Bump when the cached layout or the tokenisation rules change, so old entries are ignored.
+CACHE_FORMAT = 1
+
+
+@dataclass
+class Documents:
+    """Tokenised conversations laid end to end; conversation d is tokens[starts[d]:starts[d+1]]."""
+
+    tokens: torch.Tensor  # (total,) int32
+    loss_mask: torch.Tensor  # (total,) bool
+    starts: torch.Tensor  # (D + 1,) int64
+    lines: torch.Tensor  # (D,) int64: source line (or row) of each conversation
+
+    @classmethod
+    def from_lists(cls, ids: list[list[int]], masks: list[list[bool]], lines: list[int]) -> "Documents":
+        lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
+        starts = torch.zeros(len(ids) + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=starts[1:])
+        return cls(
+            tokens=torch.tensor([t for x in ids for t in x], dtype=torch.int32),
+            loss_mask=torch.tensor([m for x in masks for m in x], dtype=torch.bool),
+            starts=starts,
+            lines=torch.tensor(lines, dtype=torch.int64),
+        )
+
+    def lengths(self) -> torch.Tensor:
+        return self.starts[1:] - self.starts[:-1]
+
+
+class TokenizedDataset(Dataset):
+    """Map-style rows in a fixed order, each one conversation or (packed) several.
+
+    Item r is a dict: `input_ids` (L,) long, `loss_mask` (L,) bool, `document_lengths`
+    (D_r,) long, summing to L; `collate` turns a list of items into a padded batch.
+    """
+
+    def __init__(self, documents: Documents, seq_length: int, packing: bool = False):
+        self.documents = documents
+        self.document_lengths = documents.lengths()  # (D,)
+        count = len(documents.lines)
+        groups = pack_documents(self.document_lengths.tolist(), seq_length) if packing else range(count + 1)
+        self.row_starts = torch.as_tensor(list(groups), dtype=torch.int64)  # (R + 1,) into documents
+
+    def __len__(self) -> int:
+        return len(self.row_starts) - 1
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} of a dataset of {len(self)} rows")
+        first, last = int(self.row_starts[index]), int(self.row_starts[index + 1])
+        begin, end = int(self.documents.starts[first]), int(self.documents.starts[last])
+        return {
+            "input_ids": self.documents.tokens[begin:end].long(),
+            "loss_mask": self.documents.loss_mask[begin:end].clone(),
+            "document_lengths": self.document_lengths[first:last].clone(),
+        }
+
+    def source_lines(self, index: int) -> list[int]:
+        """Source lines of the conversations in row `index`, to trace a row back to the file."""
+        first, last = int(self.row_starts[index]), int(self.row_starts[index + 1])
+        return self.documents.lines[first:last].tolist()
+
+
+def pack_documents(lengths: list[int], seq_length: int) -> list[int]:
+    """Row boundaries (into the document list) packing documents in order, up to seq_length each.
+
+    Greedy and order-preserving, so the layout is the same on every rank and every run.
+    """
+    if not lengths:
+        return [0]
+    boundaries, used = [0], 0
+    for d, length in enumerate(lengths):
+        if used and used + length > seq_length:
+            boundaries.append(d)
+            used = 0
+        used += length
+    boundaries.append(len(lengths))
+    return boundaries
+
+
+def collate(
+    batch: list[dict[str, torch.Tensor]], pad_id: int, pad_to: Optional[int] = None
+) -> dict[str, torch.Tensor]:
+    """Right-pad items to the longest (or to `pad_to`) and describe where documents lie.
+
+    Returns `input_ids` (N, T) long, `loss_mask` (N, T) bool, `attention_mask` (N, T) bool
+    (real tokens), `position_ids` (N, T) long restarting at 0 for each document, and
+    `document_ids` (N, T) long numbering documents 0.. within a row, -1 on padding.
+    """
+    longest = max((len(item["input_ids"]) for item in batch), default=0)
+    width = longest if pad_to is None else pad_to
+    if width < longest:
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest row ({longest} tokens)")
+    n = len(batch)
+    out = {
+        "input_ids": torch.full((n, width), pad_id, dtype=torch.long),
+        "loss_mask": torch.zeros((n, width), dtype=torch.bool),
+        "attention_mask": torch.zeros((n, width), dtype=torch.bool),
+        "position_ids": torch.zeros((n, width), dtype=torch.long),
+        "document_ids": torch.full((n, width), -1, dtype=torch.long),
+    }
+    for row, item in enumerate(batch):
+        lengths = item["document_lengths"]
+        size = int(lengths.sum())
+        out["input_ids"][row, :size] = item["input_ids"]
+        out["loss_mask"][row, :size] = item["loss_mask"]
+        out["attention_mask"][row, :size] = True
+        out["position_ids"][row, :size] = torch.cat([torch.arange(int(k)) for k in lengths])
+        out["document_ids"][row, :size] = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    return out
+
+
+def prepare_dataset(
+    path_or_rows: Any, tokenizer: Any, cfg: DataConfig | Mapping[str, Any]
+) -> tuple[TokenizedDataset, RejectReport]:
+    """Tokenise rows (a JSONL path, a `save_to_disk` folder, a `datasets.Dataset` or a list of
+    dicts), or load them from the cache; report what was set aside.
+
+    Raises `DataError` when no row is left, or with `cfg.strict` at the first unreadable row.
+    """
+    cfg = as_data_config(cfg)
+    cfg.validate(require_train=False)
+    chat_template_of(tokenizer)  # refuse a template-less tokenizer before reading anything
+    source = _as_source(path_or_rows)
+    cache_file = cfg.resolved_cache_dir() / f"{cache_key(source, tokenizer, cfg)}.pt"
+    cached = _load_cache(cache_file)
+    if cached is not None:
+        documents, report = cached
+        report.source = new_report(source).source  # the same rows may sit at another path now
+        log.info("tokenised rows loaded from cache %s", cache_file)
+    else:
+        documents, report = tokenize_rows(source, tokenizer, cfg)
+        _save_cache(cache_file, documents, report)
+    if report.rows_kept == 0:
+        raise DataError(
+            f"no usable rows in {report.source}; every row was set aside:\n{report.summary()}\n"
+            "Fix the rows as the reasons say, or point data.train / data.val at other rows."
+        )
+    (log.warning if report.total_rejected else log.info)("data: %s", report.summary())
+    return TokenizedDataset(documents, cfg.seq_length, cfg.packing), report
+
+
+def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documents, RejectReport]:
+    """Every row of `source` through `tokenize_row`, counting what is set aside and why."""
+    report = new_report(source)
+    report.seq_length = cfg.seq_length
+    ids, masks, lines = [], [], []
+    for row in iter_rows(source, report, strict=cfg.strict, max_rows=cfg.max_rows):
+        result = tokenize_row(
+            row.messages, tokenizer, cfg.seq_length, cfg.overlong, cfg.chat_template_kwargs
+        )
+        if isinstance(result, RowRejected):
+            report.reject(row.line, result.reason, result.detail)
+            continue
+        if result.truncated:
+            report.truncated.append(row.line)
+        ids.append(result.input_ids)
+        masks.append(result.loss_mask)
+        lines.append(row.line)
+        report.rows_kept += 1
+    return Documents.from_lists(ids, masks, lines), report
+
+
+def _as_source(path_or_rows: Any) -> Any:
+    """Paths and datasets as given; other row collections as a list, so they can be hashed."""
+    if isinstance(path_or_rows, (str, Path)) or _is_hf_dataset(path_or_rows):
+        return path_or_rows
+    if isinstance(path_or_rows, Mapping):
+        raise DataError(
+            f"prepare_dataset got a mapping with keys {sorted(path_or_rows)[:5]}, not rows; "
+            "pass one split (e.g. dataset_dict['train']) or a list of rows"
+        )
+    return list(path_or_rows)
+
+
+def _is_hf_dataset(value: Any) -> bool:
+    return type(value).__module__.startswith("datasets.") and hasattr(value, "_fingerprint")
+
+
+def cache_key(source: Any, tokenizer: Any, cfg: DataConfig) -> str:
+    """Hash of everything that changes the tokenised result: rows, tokenizer and settings."""
+    parts = {
+        "format": CACHE_FORMAT,
+        "rows": source_fingerprint(source),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "seq_length": cfg.seq_length,
+        "overlong": cfg.overlong,
+        "strict": cfg.strict,
+        "max_rows": cfg.max_rows,
+        "chat_template_kwargs": dict(cfg.chat_template_kwargs),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:32]
+
+
+def source_fingerprint(source: Any) -> str:
+    """Content hash of a file or folder; the fingerprint of a `datasets.Dataset`; else the rows' JSON."""
+    digest = hashlib.sha256()
+    if isinstance(source, (str, Path)):
+        path = Path(source).expanduser()
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if path.is_dir():
+                digest.update(str(file.relative_to(path)).encode())
+            _hash_file(file, digest)
+    elif _is_hf_dataset(source):
+        digest.update(source._fingerprint.encode())
+    else:
+        digest.update(json.dumps(source, sort_keys=True, default=repr).encode())
+    return digest.hexdigest()
+
+
+def _hash_file(path: Path, digest: Any) -> None:
+    if not path.exists():
+        raise DataError(f"data file {path} does not exist; check data.train / data.val")
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Hash of the tokenizer's full definition (vocabulary, merges, added tokens) and chat template."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        definition = backend.to_str()
+    else:
+        definition = json.dumps(sorted(tokenizer.get_vocab().items()))
+    template = getattr(tokenizer, "chat_template", None)
+    payload = json.dumps({"definition": definition, "template": template}, sort_keys=True, default=repr)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _load_cache(path: Path) -> Optional[tuple[Documents, RejectReport]]:
+    if not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, weights_only=True)
+        documents = Documents(**{k: saved[k] for k in ("tokens", "loss_mask", "starts", "lines")})
+        return documents, RejectReport.from_dict(saved["report"])
+    except Exception as e:  # a damaged entry is rebuilt, never trusted
+        log.warning("ignoring unreadable tokenisation cache %s (%s); tokenising again", path, e)
+        return None
+
+
+def _save_cache(path: Path, documents: Documents, report: RejectReport) -> None:
+    """Write to a temporary name, then rename: ranks writing at once never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save({**documents.__dict__, "report": report.to_dict()}, temporary)
+    os.replace(temporary, path)

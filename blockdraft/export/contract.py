@@ -1,0 +1,102 @@
+"""The weight names and shapes vLLM's DFlash / DFlash2 loaders accept, derived from the config.
+
+Written from the contract (docs/vllm-dflash-contract.md), not from the draft modules,
+so checking a module's state_dict against it actually checks the module. vLLM does not
+notice a missing weight (it stays uninitialised memory), so completeness is checked here.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Tuple
+
+from blockdraft.models.draft_config import DraftModelConfig
+
+Shape = Tuple[int, ...]
+
+
+class ContractError(ValueError):
+    """Weights that vLLM would reject, or silently leave uninitialised."""
+
+
+def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
+    h = cfg.hidden_size
+    shapes: Dict[str, Shape] = {
+        "fc.weight": (h, len(cfg.target_layer_ids) * cfg.target_hidden_size),
+        "hidden_norm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    for i in range(cfg.num_hidden_layers):
+        shapes.update(_layer_shapes(cfg, f"layers.{i}."))
+        if cfg.kind == "dflash2":
+            shapes.update(_conv_shapes(cfg, f"layers.{i}."))
+    if cfg.kind == "dflash2":
+        shapes.update(_selector_shapes(cfg))
+    return shapes
+
+
+def _layer_shapes(cfg: DraftModelConfig, p: str) -> Dict[str, Shape]:
+    h, hd, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    return {
+        p + "input_layernorm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "self_attn.q_proj.weight": (q, h),
+        p + "self_attn.k_proj.weight": (kv, h),
+        p + "self_attn.v_proj.weight": (kv, h),
+        p + "self_attn.o_proj.weight": (h, q),
+        p + "self_attn.q_norm.weight": (hd,),
+        p + "self_attn.k_norm.weight": (hd,),
+        p + "mlp.gate_proj.weight": (i, h),
+        p + "mlp.up_proj.weight": (i, h),
+        p + "mlp.down_proj.weight": (h, i),
+    }
+
+
+def _conv_shapes(cfg: DraftModelConfig, p: str) -> Dict[str, Shape]:
+    h, taps = cfg.hidden_size, cfg.conv_kernel_size
+    # conv_group_size is channels per group: the projection emits one coefficient per group.
+    projection = (2 * taps * (h // cfg.conv_group_size), h)
+    out: Dict[str, Shape] = {}
+    for conv in ("attention_conv", "mlp_conv"):
+        out[f"{p}{conv}.base_kernel"] = (2, taps, h)
+        out[f"{p}{conv}.kernel_projection.weight"] = projection
+    return out
+
+
+def _selector_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
+    v, r = cfg.vocab_size, cfg.selector_rank
+    return {
+        "candidate_selector.predecessor_codebook": (v, r),
+        "candidate_selector.successor_codebook": (v, r),
+        "candidate_selector.hidden_projection.weight": (r, cfg.hidden_size),
+    }
+
+
+def is_dflash2_only(name: str) -> bool:
+    """Weights only a DFlash2 draft has: loading them as DFlash would silently drop them."""
+    return ".attention_conv." in name or ".mlp_conv." in name or name.startswith("candidate_selector.")
+
+
+def contract_problems(state: Mapping, cfg: DraftModelConfig) -> list[str]:
+    """One line per missing, unexpected or mis-shaped name; `state` maps names to tensors or shapes."""
+    expected = expected_shapes(cfg)
+    got = {k: tuple(getattr(v, "shape", v)) for k, v in state.items()}
+    problems = [f"missing {k} {list(s)}" for k, s in sorted(expected.items()) if k not in got]
+    problems += [f"unexpected {k} {list(s)}" for k, s in sorted(got.items()) if k not in expected]
+    problems += [
+        f"mis-shaped {k}: {list(got[k])}, expected {list(s)}"
+        for k, s in sorted(expected.items())
+        if k in got and got[k] != s
+    ]
+    return problems
+
+
+def check_state_dict(state: Mapping, cfg: DraftModelConfig, where: str = "state_dict") -> None:
+    problems = contract_problems(state, cfg)
+    if problems:
+        raise ContractError(
+            f"{where} does not match the vLLM {cfg.kind} contract for its config "
+            f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems)
+            + "\nThe weights and config.json describe different drafts; export from the checkpoint "
+            "the weights came from, or fix the config keys named above."
+        )

@@ -1,0 +1,133 @@
+"""Read a draft written for vLLM, by this project or another training stack.
+
+Only two renames are applied, both known spellings of the same tensor: a leading
+`model.` (some stacks save the wrapped module) and a `.weight` suffix on the selector
+codebooks. Anything else must already carry vLLM's name, or it is refused by name:
+a weight dropped here would be a weight silently missing in serving.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import torch
+from safetensors.torch import load_file
+
+from blockdraft.errors import ConfigError
+from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes, is_dflash2_only
+from blockdraft.export.vllm_config import draft_config_from_vllm_config
+from blockdraft.models import build_draft
+from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.io import DRAFT_CONFIG_NAME
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+
+
+def import_draft(directory: str | Path) -> Tuple[torch.nn.Module, DraftModelConfig]:
+    """(fp32 draft module, its config) from `config.json` + safetensors (single or sharded)."""
+    directory = Path(directory)
+    cfg = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME))
+    state = canonical_names(read_tensors(directory))
+    check_kind_consistency(state, cfg, directory)
+    check_state_dict(state, cfg, where=f"{directory}")
+    draft = build_draft(cfg)
+    draft.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return draft, cfg
+
+
+def read_config(directory: Path) -> dict:
+    path = directory / CONFIG_NAME
+    if not path.is_file():
+        hint = (
+            f" It holds {DRAFT_CONFIG_NAME}: that is a training checkpoint; export it with "
+            f"`python -m blockdraft.export checkpoint={directory} out=<dir>`."
+            if (directory / DRAFT_CONFIG_NAME).is_file()
+            else " Point at a directory with a draft's config.json and safetensors weights."
+        )
+        raise ConfigError(f"{path} does not exist.{hint}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not valid JSON ({err}); rewrite or re-export it.") from err
+
+
+def weight_files(directory: Path) -> List[Path]:
+    """The safetensors files of a directory: the shards its index names, or model.safetensors."""
+    index = directory / INDEX_NAME
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing or not shards:
+            raise ConfigError(
+                f"{index} names shards that are not there: {missing or 'none at all'}; "
+                "copy the missing files or re-export the draft."
+            )
+        return [directory / s for s in shards]
+    if (directory / WEIGHTS_NAME).is_file():
+        return [directory / WEIGHTS_NAME]
+    found = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    raise ConfigError(
+        f"{directory} has neither {WEIGHTS_NAME} nor {INDEX_NAME} (it holds {found}); "
+        "export the draft's weights as safetensors under one of those names."
+    )
+
+
+def read_tensors(directory: Path) -> Dict[str, torch.Tensor]:
+    state: Dict[str, torch.Tensor] = {}
+    for path in weight_files(directory):
+        shard = load_file(str(path))
+        twice = sorted(set(shard) & set(state))
+        if twice:
+            raise ContractError(f"{path.name} repeats tensors already read from another shard: {twice}; re-export the draft.")
+        state.update(shard)
+    return state
+
+
+def canonical_name(name: str) -> str:
+    if name.startswith("model."):
+        name = name[len("model."):]
+    for codebook in CODEBOOKS:
+        if name == codebook + ".weight":
+            return codebook
+    return name
+
+
+def canonical_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    out: Dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        new = canonical_name(name)
+        if new in out:
+            raise ContractError(f"two tensors are both {new!r} once `model.` / `.weight` are dropped (one is {name!r}); keep only one.")
+        out[new] = tensor
+    return out
+
+
+def check_kind_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:
+    """A DFlash2 draft is never read as DFlash (its conv and selector would be dropped), nor the reverse."""
+    if cfg.kind == "dflash":
+        extra = sorted(k for k in state if is_dflash2_only(k))
+        if extra:
+            raise ContractError(
+                f"{directory / CONFIG_NAME} declares a DFlash draft, but the weights carry DFlash2 "
+                f"conv/selector tensors: {_some(extra)}. Loading it as DFlash would silently drop them. "
+                'If it is a DFlash2 draft, set architectures to ["DFlash2DraftModel"] and add '
+                "dflash_config.conv_kernel_size, conv_group_size, selector_rank and selector_top_k."
+            )
+        return
+    missing = sorted(k for k in expected_shapes(cfg) if is_dflash2_only(k) and k not in state)
+    if missing:
+        raise ContractError(
+            f"{directory / CONFIG_NAME} declares a DFlash2 draft, but the weights lack its conv/selector "
+            f"tensors: {_some(missing)}. vLLM would serve uninitialised memory in their place. "
+            "Export the DFlash2 checkpoint these weights came from, or declare it DFlashDraftModel if it is one."
+        )
+
+
+def _some(names: List[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -1,0 +1,189 @@
+"""vLLM's `config.json` for a draft, and the way back from one.
+
+What vLLM 0.32 reads (see docs/vllm-dflash-contract.md): the draft is parsed as a Qwen3
+config, so every shape key is written explicitly. Two defaults would otherwise bite
+silently: transformers fills `head_dim=128` and `rope_theta=10000` when they are absent.
+`dflash_config.target_layer_ids` is written and `eagle_aux_hidden_state_layer_ids` /
+`eagle_config` never are: vLLM prefers those and reads them without the +1 shift.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from blockdraft.errors import ConfigError
+from blockdraft.models.draft_config import DraftModelConfig
+
+# What this exporter writes: the names in vLLM's model registry.
+EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+# What the importer reads: the registry names plus the training stacks' Qwen3-prefixed names.
+IMPORT_ARCHITECTURES = {
+    "DFlashDraftModel": "dflash",
+    "Qwen3DFlashDraftModel": "dflash",
+    "DFlash2DraftModel": "dflash2",
+    "Qwen3DFlash2DraftModel": "dflash2",
+}
+DFLASH2_REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# transformers' Qwen3Config default, which vLLM inherits when a config has no rope_theta.
+QWEN3_DEFAULT_ROPE_THETA = 10000.0
+
+
+def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, dtype: str = "bfloat16") -> dict:
+    """The config.json vLLM serves `cfg` from.
+
+    RoPE is the draft's own (default rope at cfg.rope_theta: what training computed).
+    `target_config` (the target's config.json as a dict) only raises
+    max_position_embeddings, because vLLM caps the draft's max_model_len by it.
+    """
+    out = {
+        "architectures": [EXPORT_ARCHITECTURES[cfg.kind]],
+        "model_type": "qwen3",
+        **_shape_keys(cfg, target_config),
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_bias": False,
+        # Written explicitly: without it a sliding-window draft silently turns causal.
+        "is_causal": False,
+        "tie_word_embeddings": False,
+        "target_hidden_size": cfg.target_hidden_size,
+        "num_target_layers": cfg.num_target_layers,
+        "block_size": cfg.block_size,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }
+    out.update(_sliding_window_keys(cfg))
+    out["dflash_config"] = _dflash_config(cfg)
+    return out
+
+
+def _shape_keys(cfg: DraftModelConfig, target_config: Optional[Mapping]) -> dict:
+    max_positions = cfg.max_position_embeddings
+    if target_config and target_config.get("max_position_embeddings"):
+        max_positions = max(max_positions, int(target_config["max_position_embeddings"]))
+    return {
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": max_positions,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
+def _sliding_window_keys(cfg: DraftModelConfig) -> dict:
+    if cfg.sliding_window is None:
+        return {}
+    # use_sliding_window is needed too: without it transformers drops the window and vLLM raises.
+    return {
+        "use_sliding_window": True,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": ["sliding_attention"] * cfg.num_hidden_layers,
+    }
+
+
+def _dflash_config(cfg: DraftModelConfig) -> dict:
+    out: dict[str, Any] = {
+        "mask_token_id": cfg.mask_token_id,
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "block_size": cfg.block_size,
+    }
+    if cfg.kind != "dflash2":
+        return out
+    out.update({key: getattr(cfg, key) for key in DFLASH2_REQUIRED})
+    # Optional in vLLM and identity by default: written only when the target has them.
+    if cfg.input_embedding_scale != 1.0:
+        out["input_embedding_scale"] = cfg.input_embedding_scale
+    if cfg.output_multiplier != 1.0:
+        out["output_multiplier"] = cfg.output_multiplier
+    if cfg.final_logit_softcapping:
+        out["final_logit_softcapping"] = cfg.final_logit_softcapping
+    return out
+
+
+# --- the way back -------------------------------------------------------------------
+
+
+def draft_kind_of(config: Mapping, where: str = "config.json") -> str:
+    """'dflash' | 'dflash2' from `architectures`; anything else is refused with the supported list."""
+    archs = list(config.get("architectures") or [])
+    known = [IMPORT_ARCHITECTURES[a] for a in archs if a in IMPORT_ARCHITECTURES]
+    if not known:
+        raise ConfigError(
+            f"{where}: architectures={archs} is not a DFlash draft this importer reads; "
+            f"supported: {sorted(IMPORT_ARCHITECTURES)}. Set `architectures` to one of them."
+        )
+    return known[0]
+
+
+def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -> DraftModelConfig:
+    """A DraftModelConfig from a vLLM-style (or Automodel-style) draft config.json."""
+    kind = draft_kind_of(config, where)
+    dflash = dict(config.get("dflash_config") or {})
+    hidden = _required(config, "hidden_size", where)
+    heads = _required(config, "num_attention_heads", where)
+    layer_ids = _required(dflash, "target_layer_ids", where, "dflash_config.")
+    cfg = DraftModelConfig(
+        kind=kind,
+        hidden_size=hidden,
+        intermediate_size=_required(config, "intermediate_size", where),
+        num_hidden_layers=_required(config, "num_hidden_layers", where),
+        num_attention_heads=heads,
+        num_key_value_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or hidden // heads,
+        vocab_size=_required(config, "vocab_size", where),
+        target_hidden_size=config.get("target_hidden_size") or hidden,
+        # Informational in vLLM and absent from some stacks' configs: the smallest target
+        # the layer ids fit. The target checks compare the ids with the real target.
+        num_target_layers=config.get("num_target_layers") or max(layer_ids) + 2,
+        target_layer_ids=list(layer_ids),
+        mask_token_id=_required(dflash, "mask_token_id", where, "dflash_config."),
+        block_size=_block_size(config, dflash, where),
+        rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+        rope_theta=_rope_theta(config),
+        max_position_embeddings=config.get("max_position_embeddings", 40960),
+        hidden_act=config.get("hidden_act", "silu"),
+        sliding_window=_sliding_window(config),
+    )
+    if kind == "dflash2":
+        _read_dflash2(cfg, dflash, where)
+    return cfg.validate()
+
+
+def _required(mapping: Mapping, key: str, where: str, prefix: str = ""):
+    if mapping.get(key) is None:
+        raise ConfigError(f"{where}: `{prefix}{key}` is missing; a DFlash draft config must set it.")
+    return mapping[key]
+
+
+def _block_size(config: Mapping, dflash: Mapping, where: str) -> int:
+    value = dflash.get("block_size", config.get("block_size"))
+    if value is None:
+        raise ConfigError(
+            f"{where}: neither `dflash_config.block_size` nor a top-level `block_size` is set; "
+            "add the block size the draft was trained with (serving uses block_size - 1 speculative tokens)."
+        )
+    return int(value)
+
+
+def _rope_theta(config: Mapping) -> float:
+    params = config.get("rope_parameters") or {}
+    theta = params.get("rope_theta") or config.get("rope_theta")
+    return float(theta) if theta else QWEN3_DEFAULT_ROPE_THETA
+
+
+def _sliding_window(config: Mapping) -> Optional[int]:
+    sliding = config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or [])
+    return config.get("sliding_window") if sliding else None
+
+
+def _read_dflash2(cfg: DraftModelConfig, dflash: Mapping, where: str) -> None:
+    for key in DFLASH2_REQUIRED:
+        setattr(cfg, key, int(_required(dflash, key, where, "dflash_config.")))
+    cfg.input_embedding_scale = float(dflash.get("input_embedding_scale", 1.0))
+    cfg.output_multiplier = float(dflash.get("output_multiplier", 1.0))
+    cap = dflash.get("final_logit_softcapping")
+    cfg.final_logit_softcapping = float(cap) if cap else None

@@ -1,0 +1,46 @@
+"""Draft weights on disk: `model.safetensors` (vLLM's parameter names) + `draft_config.json`.
+
+Training checkpoints hold exactly this for the draft, so export is a rename-free copy
+plus vLLM's config.json. Shared tensors are not an issue: the draft owns no embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from blockdraft.models import build_draft
+from blockdraft.models.draft_config import DraftModelConfig
+
+WEIGHTS_NAME = "model.safetensors"
+DRAFT_CONFIG_NAME = "draft_config.json"
+
+
+def draft_state_dict(draft, dtype: torch.dtype | None = None) -> dict:
+    """The draft's tensors by vLLM name, contiguous (and cast when dtype is given)."""
+    module = getattr(draft, "module", draft)  # unwrap DDP
+    return {k: (v.to(dtype) if dtype else v).detach().contiguous().cpu() for k, v in module.state_dict().items()}
+
+
+def save_draft(directory: str | Path, draft, dtype: torch.dtype | None = None) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    module = getattr(draft, "module", draft)
+    save_file(draft_state_dict(module, dtype), str(directory / WEIGHTS_NAME))
+    (directory / DRAFT_CONFIG_NAME).write_text(json.dumps(module.config.to_dict(), indent=2))
+
+
+def load_draft_config(directory: str | Path) -> DraftModelConfig:
+    return DraftModelConfig.from_dict(json.loads((Path(directory) / DRAFT_CONFIG_NAME).read_text()))
+
+
+def load_draft(directory: str | Path):
+    """Rebuild a draft from a checkpoint directory; every tensor must match by name and shape."""
+    directory = Path(directory)
+    draft = build_draft(load_draft_config(directory))
+    state = load_file(str(directory / WEIGHTS_NAME))
+    draft.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return draft

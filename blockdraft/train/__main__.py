@@ -1,0 +1,27 @@
+"""`python -m blockdraft.train experiment=... key=value` (also under torchrun)."""
+
+import sys
+
+import hydra
+
+from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.errors import ConfigError, DataError
+from blockdraft.train.config import TrainAppConfig
+
+register_schema("train_schema", TrainAppConfig)
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)
+def main(cfg) -> None:
+    from blockdraft.train.loop import run_training
+
+    try:
+        run_dir = run_training(cfg)
+    except (ConfigError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"[train] done: {run_dir}")
+
+
+if __name__ == "__main__":
+    main()

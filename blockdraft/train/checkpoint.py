@@ -1,0 +1,117 @@
+"""Checkpoints: `<run_dir>/checkpoints/step_<N>/` written under a temporary name, then renamed.
+
+A checkpoint holds the draft (model.safetensors + draft_config.json, as export reads
+them), the trainer state (optimizer, scheduler, RNG, data position, step) and the
+resolved config, so a kill during a save leaves the previous checkpoint intact and
+`resume=auto` continues the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from blockdraft.errors import ConfigError
+from blockdraft.models.io import load_draft_config, save_draft
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+TRAINER_STATE = "trainer_state.pt"
+
+
+def checkpoints_dir(run_dir) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def complete_checkpoints(run_dir) -> List[Path]:
+    """Finished checkpoints, oldest first; half-written ones (still `.tmp`) never count."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / TRAINER_STATE).exists()]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(run_dir, step: int, draft, trainer_state: dict, config_yaml: str, keep_last: int) -> Path:
+    root = checkpoints_dir(run_dir)
+    final = root / f"step_{step}"
+    tmp = root / f"step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_draft(tmp, draft)
+    torch.save(trainer_state, tmp / TRAINER_STATE)
+    (tmp / "config.yaml").write_text(config_yaml)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _prune(run_dir, keep_last)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    for f in path.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def _prune(run_dir, keep_last: int) -> None:
+    if keep_last < 1:
+        return
+    for old in complete_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def find_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
+    """never -> None; auto -> latest or None; must -> latest or an error; else a path."""
+    if resume == "never":
+        return None
+    if resume in ("auto", "must"):
+        found = complete_checkpoints(run_dir)
+        if found:
+            return found[-1]
+        if resume == "must":
+            raise ConfigError(
+                f"resume=must but {checkpoints_dir(run_dir)} holds no complete checkpoint; "
+                "check run_dir, or use resume=auto to start fresh when none exists."
+            )
+        return None
+    path = Path(resume)
+    if not (path / TRAINER_STATE).exists():
+        raise ConfigError(f"resume={resume!r} is not a checkpoint directory (no {TRAINER_STATE}); give a checkpoints/step_<N> path, auto, must or never.")
+    return path
+
+
+# The draft's identity: resuming with any of these changed would silently train another model.
+IDENTITY_KEYS = (
+    "kind", "mask_token_id", "target_layer_ids", "block_size", "hidden_size", "intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+    "target_hidden_size", "num_target_layers", "conv_kernel_size", "conv_group_size", "selector_rank",
+)
+
+
+def identity_diffs(saved, now) -> List[str]:
+    saved, now = saved.to_dict(), now.to_dict()
+    return [f"{k}: saved {saved.get(k)!r} vs now {now.get(k)!r}" for k in IDENTITY_KEYS if saved.get(k) != now.get(k)]
+
+
+def check_same_identity(saved, now, source: str) -> None:
+    diffs = identity_diffs(saved, now)
+    if diffs:
+        raise ConfigError(f"{source} holds a different draft than configured:\n  " + "\n  ".join(diffs)
+                          + "\nSet the draft.* keys to match it.")
+
+
+def check_resume_compatible(checkpoint: Path, draft_config, target_path: Optional[str], saved_target_path: Optional[str]) -> None:
+    diffs = identity_diffs(load_draft_config(checkpoint), draft_config)
+    if saved_target_path and target_path and Path(saved_target_path).resolve() != Path(target_path).resolve():
+        diffs.append(f"target.path: checkpoint {saved_target_path!r} vs now {target_path!r}")
+    if diffs:
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: the run changed\n  " + "\n  ".join(diffs)
+            + "\nRestore those settings, or start a new run_dir (or resume=never)."
+        )

@@ -1,0 +1,93 @@
+"""Schemas of the training app. Each component keeps its own group schema next to its code;
+this file composes them and adds the loop's own settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+from blockdraft.data.config import DataConfig
+from blockdraft.models.resolve import DraftConfig
+from blockdraft.models.target_config import TargetConfig
+from blockdraft.train.optim import OptimConfig
+
+
+@dataclass
+class LoopConfig:
+    """Schema of `train`: the loop, the loss, and checkpoints."""
+
+    max_steps: int = 1000
+    """Optimizer steps."""
+    micro_batch_size: int = 1
+    """Rows per rank per forward."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    num_anchors: int = 64
+    """Blocks drawn per row."""
+    loss_type: str = "block"
+    """block | variable_prefix."""
+    gamma: Optional[float] = 7.0
+    """Slot decay exp(-(k-1)/gamma); null = uniform."""
+    prefix_weight_base: float = 0.5
+    """variable_prefix: P(prefix = l) proportional to base**(l-1)."""
+    selector_loss_weight: float = 1.0
+    """DFlash2: weight of the selector CE (0 = the DFlash loss)."""
+    loss_chunk_size: int = 0
+    """Slots per chunk of the vocabulary projection in the loss; 0 = all at once."""
+    attention_backend: str = "auto"
+    """auto (flex on CUDA, sdpa elsewhere) | sdpa | flex."""
+    dtype: str = "auto"
+    """auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16."""
+    log_every: int = 10
+    val_every: int = 0
+    """Steps between validations (0 = only at the end, when data.val is set)."""
+    save_every: int = 0
+    """Steps between checkpoints (0 = only at the end)."""
+    keep_last: int = 3
+    """Checkpoints kept; older ones are deleted after a successful save."""
+    num_workers: int = 0
+    progress: bool = True
+    """Progress bar on rank 0."""
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "disabled"
+    """disabled | offline | online."""
+    project: str = "blockdraft"
+    name: Optional[str] = None
+    dir: Optional[str] = None
+    """Where wandb writes; null = <run_dir>/wandb."""
+
+
+@dataclass
+class PrepareConfig:
+    """Data a recipe can make for itself when `data.train` does not exist yet."""
+
+    regenerate_builtin: Optional[str] = None
+    """Name of a built-in prompt set answered by the target into data.train / data.val (e.g. tiny_prompts)."""
+    num_train: int = 64
+    num_val: int = 16
+    max_new_tokens: int = 48
+
+
+@dataclass
+class TrainAppConfig:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    run_dir: str = MISSING
+    """Everything of the run lands here: config.yaml, metrics.jsonl, checkpoints/."""
+    resume: str = "never"
+    """never | auto (latest checkpoint if any) | must (fail if none) | a checkpoint path."""
+    init_from: Optional[str] = None
+    """An exported or imported draft directory to start from."""
+    seed: int = 0
+    name: Optional[str] = None
+    """The recipe's name (experiment files set it); recorded in metrics and the model card."""

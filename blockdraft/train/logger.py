@@ -1,0 +1,84 @@
+"""Where metrics go: metrics.jsonl (always, rank 0), wandb when configured, a progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from blockdraft.train.config import WandbConfig
+
+
+class MetricsLogger:
+    def __init__(self, run_dir, enabled: bool, wandb_cfg: WandbConfig, config_dict: dict, max_steps: int, start_step: int, progress: bool):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.bar = tqdm(total=max_steps, initial=start_step, disable=not (enabled and progress), dynamic_ncols=True)
+        self.wandb = self._init_wandb(run_dir, wandb_cfg, config_dict) if enabled else None
+
+    @staticmethod
+    def _init_wandb(run_dir, cfg: WandbConfig, config_dict: dict):
+        if cfg.mode == "disabled":
+            return None
+        import wandb
+
+        return wandb.init(
+            project=cfg.project, name=cfg.name, mode=cfg.mode, config=config_dict,
+            dir=cfg.dir or str(Path(run_dir)), resume="allow",
+        )
+
+    def log(self, record: dict, advance: int = 0) -> None:
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(clean) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=record.get("step"))
+        if advance:
+            self.bar.update(advance)
+        if "loss" in record:
+            self.bar.set_postfix(loss=f"{record['loss']:.3f}", accept_len=f"{record.get('accept_len', 0):.2f}", tok_s=f"{record.get('tokens_per_s', 0):.0f}")
+
+    def advance(self, n: int = 1) -> None:
+        if self.enabled:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def read_metrics(run_dir) -> list:
+    """All complete JSON lines of metrics.jsonl (a torn last line from a kill is skipped)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def summarize(sums: dict, world_tokens: Optional[float] = None) -> dict:
+    """Metrics from all-reduced sums (see train.step.StepResult)."""
+    out = {
+        "loss": float(sums["loss_sum"] / sums["micro_batches"]),
+        "accept_len": float(sums["accept_len_sum"] / sums["accept_len_blocks"].clamp_min(1)),
+    }
+    acc = sums["slot_correct"] / sums["slot_supervised"]
+    out["acc_per_slot"] = [None if math.isnan(x) else round(x, 4) for x in acc.tolist()[1:]]
+    if "selector_loss_sum" in sums:
+        m = sums["slot_supervised"].sum().clamp_min(1)
+        out["selector_loss"] = float(sums["selector_loss_sum"] / sums["micro_batches"])
+        out["candidate_recall"] = float(sums["recall_hits"] / m)
+        out["base_acc"] = float(sums["base_correct"] / m)
+        out["selector_acc"] = float(sums["selector_correct"] / m)
+    return out

@@ -1,0 +1,204 @@
+"""The training run: set up, then step / log / validate / save until max_steps."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from blockdraft.models import build_draft
+from blockdraft.models.resolve import resolve_draft_config
+from blockdraft.models.target import TargetModel, special_token_ids
+from blockdraft.train import checkpoint as ckpt
+from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.data_loading import MicroBatches, ensure_builtin_data, load_split
+from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from blockdraft.train.logger import MetricsLogger, summarize
+from blockdraft.train.optim import build_optimizer, build_scheduler
+from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype
+from blockdraft.train.step import train_step
+
+
+def run_training(cfg) -> Path:
+    """Entry used by `python -m blockdraft.train` and by tests with a composed config."""
+    schema: TrainAppConfig = OmegaConf.to_object(cfg)
+    check_config(schema)
+    dist = init_distributed()
+    return Trainer(schema, config_yaml(cfg), dist).fit()
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainAppConfig, cfg_yaml: str, dist: DistInfo):
+        self.cfg, self.cfg_yaml, self.dist = cfg, cfg_yaml, dist
+        self.run_dir = Path(cfg.run_dir)
+        self.device = dist.device
+        self.backend = resolve_backend(cfg.train.attention_backend, self.device)
+        self.dtype = resolve_dtype(cfg.train.dtype, self.device)
+        self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume)  # fails before any loading
+        self._build()
+
+    # --- set-up -----------------------------------------------------------------------
+    def _build(self) -> None:
+        cfg = self.cfg
+        if cfg.target.tiny and self.dist.is_main:
+            from blockdraft.models.tiny_target import save_tiny_target
+
+            save_tiny_target(cfg.target.path, cfg.target.tiny)
+        barrier()
+        self.tokenizer = _load_tokenizer(cfg.target.path)
+        from transformers import AutoConfig
+
+        target_hf_cfg = AutoConfig.from_pretrained(cfg.target.path)
+        # The draft is resolved (and every id checked) against the target's config before its weights load.
+        self.draft_cfg = resolve_draft_config(cfg.draft, target_hf_cfg, special_token_ids(target_hf_cfg, self.tokenizer))
+        self.target = TargetModel.load(cfg.target.path, self.draft_cfg.target_layer_ids, torch.float32, self.device)
+        ensure_builtin_data(cfg, self.target.model, self.tokenizer, self.dist)
+        self.train_data = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist)
+        self.val_data = load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist) if cfg.data.val else None
+        torch.manual_seed(cfg.seed)
+        self.draft = self._initial_draft().to(self.device)
+        self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.batches = MicroBatches(self.train_data, cfg.train.micro_batch_size, pad, self.dist, cfg.seed, cfg.train.num_workers)
+        self.generator = torch.Generator().manual_seed(cfg.seed * 1000 + self.dist.rank)
+        self.step = 0
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+        self.model = self._wrap(self.draft)
+
+    def _initial_draft(self):
+        if self.cfg.init_from:
+            from blockdraft.export.importer import import_draft
+
+            draft, imported_cfg = import_draft(self.cfg.init_from)
+            ckpt.check_same_identity(imported_cfg, self.draft_cfg, f"init_from={self.cfg.init_from}")
+            return draft
+        return build_draft(self.draft_cfg)
+
+    def _wrap(self, draft):
+        if not self.dist.enabled:
+            return draft
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DDP(draft, device_ids=ids)
+
+    # --- checkpoints --------------------------------------------------------------------
+    def _trainer_state(self) -> dict:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "data_position": self.batches.position,
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "world_size": self.dist.world_size,
+        }
+
+    def _save(self) -> None:
+        if self.dist.is_main:
+            ckpt.save_checkpoint(self.run_dir, self.step, self.draft, self._trainer_state(), self.cfg_yaml, self.cfg.train.keep_last)
+        barrier()
+
+    def _restore(self, path: Path) -> None:
+        saved_cfg = OmegaConf.load(path / "config.yaml")
+        ckpt.check_resume_compatible(path, self.draft_cfg, self.cfg.target.path, OmegaConf.select(saved_cfg, "target.path"))
+        from blockdraft.models.io import load_draft
+
+        self.draft.load_state_dict(load_draft(path).state_dict())
+        state = torch.load(path / ckpt.TRAINER_STATE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.batches.restore(state["data_position"])
+        if state.get("world_size") == self.dist.world_size:
+            self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step = state["step"]
+        if self.dist.is_main:
+            print(f"[resume] continuing from {path} at step {self.step}", flush=True)
+
+    # --- the loop -----------------------------------------------------------------------
+    def fit(self) -> Path:
+        cfg = self.cfg
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
+        self.logger = MetricsLogger(self.run_dir, self.dist.is_main, cfg.wandb, OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)),
+                                    cfg.train.max_steps, self.step, cfg.train.progress)
+        data = iter(self.batches)
+        window, window_start = None, time.perf_counter()
+        while self.step < cfg.train.max_steps:
+            sums = self._optimizer_step(data)
+            self.step += 1
+            window = sums if window is None else {k: window[k] + sums[k] for k in sums}
+            if self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps:
+                self._log(window, time.perf_counter() - window_start)
+                window, window_start = None, time.perf_counter()
+            else:
+                self.logger.advance()
+            if cfg.train.val_every and self.step % cfg.train.val_every == 0:
+                self.validate()
+            if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                self._save()
+        if self.val_data is not None:
+            self.validate()
+        self._save()
+        self.logger.close()
+        return self.run_dir
+
+    def _autocast(self):
+        if self.dtype == torch.bfloat16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _optimizer_step(self, data) -> dict:
+        cfg = self.cfg
+        self.model.train()
+        totals = None
+        for micro in range(cfg.train.grad_accum):
+            batch = {k: v.to(self.device) for k, v in next(data).items()}
+            last = micro == cfg.train.grad_accum - 1
+            sync = self.model.no_sync() if (self.dist.enabled and not last) else contextlib.nullcontext()
+            with sync, self._autocast():
+                result = train_step(self.model, self.target, batch, cfg.train, self.generator, self.backend)
+                (result.loss / cfg.train.grad_accum).backward()
+            sums = {k: v.detach().float().cpu() for k, v in result.sums.items()}
+            sums["tokens"] = batch["attention_mask"].sum().float().cpu()
+            totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+        totals = {k: all_reduce_sum(v.to(self.device)).cpu() for k, v in totals.items()}
+        if totals["valid_anchors"] == 0:
+            # No rank had a single valid anchor: skip the update on every rank together.
+            self.optimizer.zero_grad(set_to_none=True)
+            return totals
+        if cfg.optim.grad_clip:
+            totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.optim.grad_clip).detach().cpu()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return totals
+
+    def _log(self, window: dict, seconds: float) -> None:
+        steps = self.cfg.train.log_every if self.step % self.cfg.train.log_every == 0 else self.step % self.cfg.train.log_every
+        record = {"step": self.step, **summarize(window), "lr": self.scheduler.get_last_lr()[0],
+                  "tokens_per_s": float(window["tokens"]) / seconds, "step_time_s": seconds / steps}
+        if self.device.type == "cuda":
+            record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        self.logger.log(record, advance=1)
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        from blockdraft.train.validation import evaluate
+
+        record = evaluate(self, self.val_data)
+        self.logger.log({"step": self.step, "split": "val", **record})
+        return record

@@ -1,0 +1,69 @@
+"""Everything before the first step: checks, target, tokenizer, data, draft, optimizer, resume.
+
+Cheap checks run first so a typo fails in seconds, before the target is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from blockdraft.errors import ConfigError
+from blockdraft.train.config import TrainAppConfig
+
+ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
+
+
+def check_config(cfg: TrainAppConfig) -> None:
+    """Validation that needs neither the target nor the data."""
+    t = cfg.train
+    if t.num_anchors < 1:
+        raise ConfigError(f"train.num_anchors={t.num_anchors}: draw at least one block per row (64 is usual).")
+    if t.grad_accum < 1:
+        raise ConfigError(f"train.grad_accum={t.grad_accum}: use 1 or more micro-batches per step.")
+    if t.micro_batch_size < 1:
+        raise ConfigError(f"train.micro_batch_size={t.micro_batch_size}: use 1 or more rows.")
+    if t.max_steps < 1:
+        raise ConfigError(f"train.max_steps={t.max_steps}: train at least one step.")
+    if t.attention_backend not in ATTENTION_BACKENDS:
+        raise ConfigError(f"train.attention_backend={t.attention_backend!r}; use one of {list(ATTENTION_BACKENDS)}.")
+    if cfg.draft.block_size < 2:
+        raise ConfigError(f"draft.block_size={cfg.draft.block_size}: a block needs the anchor and one drafted slot; set >= 2.")
+    if cfg.draft.mask_token_id is None:
+        raise ConfigError(
+            "draft.mask_token_id is not set and has no default: pick a reserved, rarely used token of the "
+            "target (`python -m blockdraft.models.suggest target=<dir>` lists candidates)."
+        )
+    if cfg.target.path is None:
+        raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
+    if cfg.target.tiny is None and not (Path(cfg.target.path) / "config.json").exists():
+        raise ConfigError(f"target.path={cfg.target.path!r} has no config.json; give a local Hugging Face model directory.")
+    if cfg.wandb.mode not in ("disabled", "offline", "online"):
+        raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
+    if cfg.prepare.regenerate_builtin is None:
+        cfg.data.validate(require_train=True)
+    elif not cfg.data.train:
+        raise ConfigError("prepare.regenerate_builtin needs data.train: the file the answers are written to.")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in ("float32", "bfloat16"):
+        raise ConfigError(f"dtype {name!r}: use auto, float32 or bfloat16.")
+    return getattr(torch, name)
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    # FlexAttention has no backward on CPU: SDPA there, flex on GPU.
+    if name == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    if name == "flex" and device.type != "cuda":
+        raise ConfigError("train.attention_backend=flex needs a CUDA device (no flex backward on CPU); use sdpa or auto.")
+    return name
+
+
+def config_yaml(cfg) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

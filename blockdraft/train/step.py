@@ -1,0 +1,131 @@
+"""One micro-batch: capture target features, draw blocks, run the draft, compute losses/metrics.
+
+Data flows: batch -> features -> anchors/blocks/mask -> draft hidden -> logits of the
+supervised slots -> block CE (+ DFlash2 selector CE) and the metrics serving will see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+
+from blockdraft.models.dflash2 import DFlash2DraftModel
+from blockdraft.models.target import TargetModel
+from blockdraft.train.anchors import build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
+from blockdraft.train.config import LoopConfig
+from blockdraft.train.features import batch_features
+from blockdraft.train.losses import (
+    block_cross_entropy,
+    chunked_block_cross_entropy,
+    selector_cross_entropy,
+    slot_weights,
+    topk_candidates,
+)
+from blockdraft.train.masks import dense_block_mask, flex_block_mask
+from blockdraft.train.metrics import accept_length
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    """Scalar to backpropagate (0 on the graph when nothing is supervised)."""
+    sums: Dict[str, torch.Tensor]
+    """Sums and counts only, so that an all-reduce gives exact global metrics."""
+
+
+def block_attention_mask(blocks, batch, block_size: int, backend: str, sliding_window: Optional[int]):
+    args = (
+        blocks.anchors, blocks.anchor_valid, batch["attention_mask"], batch["document_ids"],
+        batch["position_ids"], blocks.block_position_ids, block_size, sliding_window,
+    )
+    return flex_block_mask(*args) if backend == "flex" else dense_block_mask(*args)
+
+
+def draw_blocks(batch: dict, cfg: LoopConfig, block_size: int, mask_token_id: int, generator):
+    valid = valid_anchor_mask(batch["loss_mask"], batch["attention_mask"], batch["document_ids"], block_size)
+    anchors, anchor_valid = sample_anchors(valid, cfg.num_anchors, generator)
+    prefix = sample_prefix_lengths(anchor_valid, block_size, cfg.loss_type, cfg.prefix_weight_base, generator)
+    return build_blocks(
+        batch["input_ids"], batch["position_ids"], batch["loss_mask"],
+        anchors, anchor_valid, prefix, block_size, mask_token_id,
+    )
+
+
+def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generator, backend: str = "sdpa") -> StepResult:
+    module = getattr(draft, "module", draft)  # DDP wraps the draft; its config stays on the module
+    dcfg = module.config
+    b = dcfg.block_size
+    blocks = draw_blocks(batch, cfg, b, dcfg.mask_token_id, generator)
+    features = batch_features(target, batch)  # [N, T, n*H_t]
+    mask = block_attention_mask(blocks, batch, b, backend, dcfg.sliding_window)
+    ctx_kv = module.context_kv(features, batch["position_ids"])
+    embeds = module.embed(blocks.block_ids, target.embed_tokens)  # [N, A*B, H]
+    hidden = draft(embeds, blocks.block_position_ids, ctx_kv, mask, b)  # [N, A*B, H]
+    n, a = blocks.anchors.shape
+    hidden = hidden.view(n, a, b, -1)  # [N, A, B, H]
+    sup = blocks.label_mask  # [N, A, B]
+    h_sup = hidden[sup]  # [M, H]
+    labels = blocks.labels[sup]  # [M]
+    weights = slot_weights(blocks.slot_weights_offset[sup], cfg.gamma)  # [M]
+    lm_head = target.lm_head_weight
+    if cfg.loss_chunk_size and not isinstance(module, DFlash2DraftModel):
+        loss = chunked_block_cross_entropy(h_sup, lm_head, labels, weights, cfg.loss_chunk_size, _transform(module))
+        with torch.no_grad():
+            pred_sup = _chunked_argmax(module, h_sup, lm_head, cfg.loss_chunk_size)
+        logits = None
+    else:
+        logits = module.logits(h_sup, lm_head)  # [M, V]
+        loss = block_cross_entropy(logits, labels, weights)
+        pred_sup = logits.argmax(-1)
+    sums = {"loss_sum": loss.detach() * 1.0, "micro_batches": torch.tensor(1.0)}
+    if isinstance(module, DFlash2DraftModel):
+        loss, pred_sup = _add_selector_loss(module, cfg, logits, h_sup, blocks.predecessors[sup], labels, weights, loss, pred_sup, sums)
+    pred = torch.full_like(blocks.labels, -1)
+    pred[sup] = pred_sup
+    _slot_metrics(pred, blocks, sums)
+    return StepResult(loss, sums)
+
+
+def _transform(module):
+    cfg = module.config
+    if cfg.output_multiplier == 1.0 and not cfg.final_logit_softcapping:
+        return None
+    return module.transform_logits
+
+
+@torch.no_grad()
+def _chunked_argmax(module, hidden, lm_head, chunk: int) -> torch.Tensor:
+    if len(hidden) == 0:
+        return hidden.new_zeros(0, dtype=torch.long)
+    return torch.cat([module.logits(h, lm_head).argmax(-1) for h in hidden.split(chunk)])
+
+
+def _add_selector_loss(module, cfg: LoopConfig, logits, h_sup, predecessors, labels, weights, loss, base_pred, sums):
+    """DFlash2: CE of the pairwise selector over each slot's top-k, with true predecessors."""
+    cand_ids, cand_logits = topk_candidates(logits, module.config.selector_top_k)  # [M, k]
+    scores = module.candidate_selector.score(h_sup, predecessors, cand_ids, cand_logits)  # [M, k]
+    sel_loss, recall = selector_cross_entropy(scores, cand_ids, labels, weights)
+    sel_pred = cand_ids.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)  # [M]
+    m = float(len(labels))
+    sums.update({
+        "selector_loss_sum": sel_loss.detach() * 1.0,
+        "recall_hits": (recall.nan_to_num(0.0) * m).detach(),
+        "base_correct": (base_pred == labels).sum().float(),
+        "selector_correct": (sel_pred == labels).sum().float(),
+    })
+    return loss + cfg.selector_loss_weight * sel_loss, sel_pred
+
+
+def _slot_metrics(pred, blocks, sums) -> None:
+    correct = ((pred == blocks.labels) & blocks.label_mask).sum(dim=(0, 1)).float()  # [B]
+    supervised = blocks.label_mask.sum(dim=(0, 1)).float()  # [B]
+    acc_sum, acc_count = accept_length(pred, blocks.labels, blocks.label_mask, blocks.prefix_len)
+    sums.update({
+        "slot_correct": correct,
+        "slot_supervised": supervised,
+        "accept_len_sum": acc_sum.float(),
+        "accept_len_blocks": acc_count.float(),
+        "valid_anchors": blocks.anchor_valid.sum().float(),
+    })

@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+from blockdraft.models.dflash2 import DynamicBlockConv
+from tests.conftest import make_draft
+
+
+def _inputs(draft, tiny_target, n_blocks=3, ctx_len=10):
+    cfg = draft.config
+    feats = torch.randn(2, ctx_len, len(cfg.target_layer_ids) * cfg.target_hidden_size)
+    ctx_pos = torch.arange(ctx_len).expand(2, -1)
+    ids = torch.randint(0, 256, (2, n_blocks * cfg.block_size))
+    pos = torch.arange(ids.shape[1]).expand(2, -1) + ctx_len
+    return feats, ctx_pos, draft.embed(ids, tiny_target.embed_tokens), pos
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_forward_shapes(tiny_hf, tiny_target, kind):
+    draft = make_draft(tiny_hf, kind)
+    feats, ctx_pos, embeds, pos = _inputs(draft, tiny_target)
+    kv = draft.context_kv(feats, ctx_pos)
+    assert kv[0][0].shape == (2, draft.config.num_key_value_heads, 10, draft.config.head_dim)
+    hidden = draft(embeds, pos, kv, None, draft.config.block_size)
+    assert hidden.shape == embeds.shape
+    logits = draft.logits(hidden, tiny_target.lm_head_weight)
+    assert logits.shape == (2, embeds.shape[1], tiny_target.vocab_size)
+
+
+def test_draft_attention_shape_may_differ_from_target(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "dflash", hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=48)
+    feats, ctx_pos, _, pos = _inputs(draft, tiny_target)
+    embeds = torch.randn(2, pos.shape[1], 32)
+    assert draft(embeds, pos, draft.context_kv(feats, ctx_pos)).shape == (2, pos.shape[1], 32)
+    assert draft.fc.weight.shape == (32, 2 * 64)
+
+
+def test_fresh_dflash2_equals_dflash_on_shared_weights(tiny_hf, tiny_target):
+    d1 = make_draft(tiny_hf, "dflash")
+    d2 = make_draft(tiny_hf, "dflash2", seed=7)
+    missing, unexpected = d2.load_state_dict(d1.state_dict(), strict=False)
+    assert not unexpected
+    assert all(".attention_conv." in k or ".mlp_conv." in k or k.startswith("candidate_selector.") for k in missing)
+    feats, ctx_pos, embeds, pos = _inputs(d1, tiny_target)
+    h1 = d1(embeds, pos, d1.context_kv(feats, ctx_pos), None, 4)
+    h2 = d2(embeds, pos, d2.context_kv(feats, ctx_pos), None, 4)
+    assert torch.equal(h1, h2)
+    # A fresh selector's greedy walk picks each slot's argmax, exactly as DFlash does.
+    logits = d2.logits(h2, tiny_target.lm_head_weight)
+    tokens, _ = d2.candidate_selector.walk(h2[:, 1:4], logits[:, 1:4], torch.tensor([3, 4]), 8)
+    assert torch.equal(tokens, logits[:, 1:4].argmax(-1))
+
+
+def test_conv_never_crosses_a_block_boundary():
+    torch.manual_seed(0)
+    conv = DynamicBlockConv(hidden_size=8, taps=3, group_size=2)
+    with torch.no_grad():
+        conv.base_kernel.normal_()
+        conv.kernel_projection.weight.normal_()
+    x = torch.randn(1, 12, 8)  # 3 blocks of 4
+    coef = conv.coefficients(x)
+    out = conv(x, coef, 0, 4)
+    x2 = x.clone()
+    x2[:, 4:8] += 100.0  # change block 1 only
+    out2 = conv(x2, coef, 0, 4)
+    assert torch.equal(out[:, :4], out2[:, :4]) and torch.equal(out[:, 8:], out2[:, 8:])
+    # Inside a block, position 0 sees only itself: tap 0.
+    expected0 = (conv.base_kernel[0, 0] + coef[0, 0, 0, 0].repeat_interleave(2)) * x[0, 0]
+    torch.testing.assert_close(out[0, 0], expected0)
+
+
+def test_conv_formula_against_naive_loop():
+    torch.manual_seed(1)
+    h, taps, g, block = 6, 2, 3, 3
+    conv = DynamicBlockConv(h, taps, g)
+    with torch.no_grad():
+        conv.base_kernel.normal_()
+        conv.kernel_projection.weight.normal_()
+    x = torch.randn(1, 6, h)
+    coef = conv.coefficients(x)
+    out = conv(x, coef, 1, block)
+    naive = torch.zeros_like(x)
+    for t in range(6):
+        for c in range(h):
+            for s in range(taps):
+                if t % block >= s:
+                    naive[0, t, c] += (conv.base_kernel[1, s, c] + coef[0, t, 1, s, c // g]) * x[0, t - s, c]
+    torch.testing.assert_close(out, naive)

@@ -88,6 +88,19 @@ def read_tensors(directory: Path) -> Dict[str, torch.Tensor]:
     return state
 
 
+def tensor_headers(directory: Path) -> Dict[str, Tuple[tuple, str]]:
+    """{name: (shape, dtype)} as stored, names untouched, read from the headers without loading."""
+    from safetensors import safe_open
+
+    out: Dict[str, Tuple[tuple, str]] = {}
+    for path in weight_files(directory):
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():
+                piece = fh.get_slice(name)
+                out[name] = (tuple(piece.get_shape()), piece.get_dtype())
+    return out
+
+
 def canonical_name(name: str) -> str:
     if name.startswith("model."):
         name = name[len("model."):]

@@ -1,0 +1,67 @@
+"""Export a checkpoint for vLLM, or describe a draft directory.
+
+    python -m blockdraft.export checkpoint=<run or step dir> out=<dir> [dtype=float32|bfloat16] [target=<HF dir>]
+    python -m blockdraft.export inspect=<dir>
+
+Errors a user can cause print their message (no traceback) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import hydra
+from omegaconf import OmegaConf
+
+from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.errors import ConfigError, DataError
+from blockdraft.export.config import ExportConfig
+from blockdraft.export.contract import ContractError
+from blockdraft.export.inspect import describe
+from blockdraft.export.source import resolve_checkpoint
+from blockdraft.export.writer import ExportCheckError, export_draft
+
+register_schema("export_schema", ExportConfig)
+
+USER_ERRORS = (ConfigError, DataError, ContractError, ExportCheckError)
+
+
+def run(cfg: ExportConfig) -> str:
+    """What the command prints; separate from the Hydra entry so tests call it with a composed config."""
+    if cfg.inspect and not cfg.checkpoint:
+        return describe(cfg.inspect)
+    cfg.check_export_keys()
+    target = cfg.target or training_target(cfg.checkpoint)
+    out = export_draft(cfg.checkpoint, cfg.out, cfg.dtype, target, cfg.overwrite, cfg.shard_size_bytes)
+    checked = f"checked against the target {target}" if target else "no target checks (pass target=<HF dir>)"
+    return f"exported to {out} ({checked})\n{describe(out)}"
+
+
+def training_target(checkpoint: str) -> Optional[str]:
+    """The checkpoint's training target.path, when that directory is here to check against."""
+    path = resolve_checkpoint(checkpoint).target_path
+    if path and (Path(path) / "config.json").is_file():
+        return path
+    if path:
+        print(
+            f"note: the training target.path={path} is not here; the target checks are skipped. "
+            "Pass target=<HF dir> to run them.",
+            file=sys.stderr,
+        )
+    return None
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="export", version_base=None)
+def main(conf) -> None:
+    cfg: ExportConfig = OmegaConf.to_object(conf)
+    try:
+        print(run(cfg))
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""`describe(dir)`: what a draft directory holds and how to serve it, read from headers only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Tuple
+
+from blockdraft.export.contract import contract_problems
+from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files
+from blockdraft.export.model_card import serve_command, shape_line
+from blockdraft.export.source import resolve_checkpoint
+from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
+from blockdraft.export.writer import EXPORT_INFO
+from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.io import load_draft_config
+
+
+def describe(directory: str | Path) -> str:
+    directory = Path(directory)
+    cfg, holds, architecture, weights_dir = _read(directory)
+    headers = tensor_headers(weights_dir)
+    problems = contract_problems({k: shape for k, (shape, _) in headers.items()}, cfg)
+    dtypes = sorted({dtype for _, dtype in headers.values()})
+    lines = [
+        f"{directory}",
+        f"  holds: {holds}",
+        f"  kind: {cfg.kind} (architecture {architecture})",
+        f"  shape: {shape_line(cfg)}",
+        f"  target_layer_ids: {cfg.target_layer_ids}   mask_token_id: {cfg.mask_token_id}   block_size: {cfg.block_size}",
+        f"  dtype: {', '.join(dtypes)}   tensors: {len(headers)} in {len(weight_files(weights_dir))} file(s)   "
+        f"size on disk: {_human(_disk_size(directory))}",
+        "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),
+        f"  serve with num_speculative_tokens = {cfg.block_size - 1} (block_size - 1):",
+        f"    {serve_command(_recorded_target(directory), directory.absolute(), cfg.block_size)}",
+    ]
+    return "\n".join(lines)
+
+
+def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
+    """(config, what the directory is, architecture, where its weights are)."""
+    if (directory / CONFIG_NAME).is_file():
+        config = read_config(directory)
+        cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
+        return cfg, "a vLLM draft export (config.json + safetensors)", ", ".join(config["architectures"]), directory
+    source = resolve_checkpoint(directory)
+    cfg = load_draft_config(source.path)
+    holds = (
+        f"a training checkpoint ({source.path.name}); vLLM cannot read it as is: "
+        f"python -m blockdraft.export checkpoint={directory} out=<dir>"
+    )
+    return cfg, holds, f"{EXPORT_ARCHITECTURES[cfg.kind]} once exported", source.path
+
+
+def _recorded_target(directory: Path) -> Optional[str]:
+    info = directory / EXPORT_INFO
+    if info.is_file():
+        return json.loads(info.read_text()).get("target")
+    return None
+
+
+def _disk_size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def _human(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
+        size /= 1024
+    return f"{size} B"

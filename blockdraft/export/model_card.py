@@ -1,0 +1,75 @@
+"""README.md for an exported draft: what it is, what it was trained on, and how to serve it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from blockdraft.export.source import CheckpointSource, last_accept_lengths
+from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES
+from blockdraft.models.draft_config import DraftModelConfig
+
+
+def serve_command(target: Optional[str], draft_dir: str | Path, block_size: int) -> str:
+    """The vLLM command for this draft; num_speculative_tokens = block_size - 1 (vLLM never checks it)."""
+    spec = json.dumps({"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": block_size - 1})
+    return f"vllm serve {target or '<target>'} --speculative-config '{spec}'"
+
+
+def shape_line(cfg: DraftModelConfig) -> str:
+    return (
+        f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
+        f"{cfg.num_attention_heads} heads / {cfg.num_key_value_heads} kv heads x {cfg.head_dim}, "
+        f"vocab {cfg.vocab_size}, fc input {len(cfg.target_layer_ids)} x {cfg.target_hidden_size}"
+    )
+
+
+def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, target: Optional[str], dtype: str) -> str:
+    target_name = Path(target).name if target else "unknown"
+    lines = [
+        "---",
+        "# Choose a license before publishing; the target model's terms usually apply to the draft too.",
+        "license:",
+        f"base_model: {target_name}",
+        "tags: [speculative-decoding, dflash, vllm]",
+        "---",
+        "",
+        f"# {kind_title(cfg)} draft for {target_name}",
+        "",
+        f"A block drafter for speculative decoding of `{target or 'unknown'}` with vLLM.",
+        "",
+        f"- kind: {cfg.kind} (`{EXPORT_ARCHITECTURES[cfg.kind]}`), dtype {dtype}",
+        f"- shape: {shape_line(cfg)}",
+        f"- target layers: {cfg.target_layer_ids}; mask token id {cfg.mask_token_id}; block size {cfg.block_size}",
+        f"- data: {source.train_data or 'unknown'}",
+        f"- steps: {source.step if source.step is not None else 'unknown'}",
+        *_metric_lines(source),
+        "",
+        "## Serve",
+        "",
+        "```",
+        serve_command(target, out_dir, cfg.block_size),
+        "```",
+        "",
+        f"Serve with `num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}`: vLLM does not read the "
+        "trained block size and accepts any other value without warning.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def kind_title(cfg: DraftModelConfig) -> str:
+    return {"dflash": "DFlash", "dflash2": "DFlash2"}[cfg.kind]
+
+
+def _metric_lines(source: CheckpointSource) -> list:
+    found = last_accept_lengths(source)
+    lines = []
+    if "train" in found:
+        step, value = found["train"]
+        lines.append(f"- training accept_len (step {step}): {value:.3f}")
+    if "val" in found:
+        step, value = found["val"]
+        lines.append(f"- validation accept_len (step {step}): {value:.3f}")
+    return lines or ["- accept_len: not recorded"]

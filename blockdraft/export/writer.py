@@ -1,0 +1,200 @@
+"""Export a training checkpoint as a directory vLLM serves directly.
+
+Everything is written to `<out>.tmp`, checked there (the contract on the names and
+shapes as stored, then a reload through the importer comparing logits with the trained
+module), and only then renamed to `<out>`. A failed export leaves nothing half-written
+under `<out>`, deletes nothing that was there, and keeps what it wrote as `<out>.failed`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from safetensors.torch import save_file
+
+from blockdraft.errors import ConfigError
+from blockdraft.export.contract import ContractError, check_state_dict
+from blockdraft.export.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, tensor_headers
+from blockdraft.export.model_card import model_card
+from blockdraft.export.reload_check import DTYPES, ReloadResult, reload_check
+from blockdraft.export.source import CheckpointSource, resolve_checkpoint
+from blockdraft.export.target_checks import check_against_target, target_text_config
+from blockdraft.export.vllm_config import draft_config_from_vllm_config, vllm_config
+from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.io import draft_state_dict, load_draft, load_draft_config
+
+EXPORT_INFO = "blockdraft_export.json"
+DEFAULT_SHARD_SIZE = 5 * 2**30
+# Written to config.json but legitimately not read back equal (the target may raise it).
+NOT_ROUND_TRIPPED = ("max_position_embeddings", "forbidden_mask_ids")
+
+
+class ExportCheckError(ValueError):
+    """The written export does not reproduce the checkpoint; kept as `<out>.failed`."""
+
+
+def export_draft(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    dtype: str = "bfloat16",
+    target_dir: Optional[str | Path] = None,
+    overwrite: bool = False,
+    shard_size_bytes: int = DEFAULT_SHARD_SIZE,
+) -> Path:
+    """Write the checkpoint (a step dir, or a run dir's latest) to `out_dir`; returns `out_dir`."""
+    source = resolve_checkpoint(checkpoint)
+    out = Path(out_dir).absolute()
+    check_dtype(dtype)
+    check_out_dir(out, overwrite)
+    cfg = load_draft_config(source.path)
+    target_config = None
+    if target_dir is not None:
+        check_against_target(cfg, target_dir)
+        target_config = target_text_config(Path(target_dir))
+    check_state_dict(stored_shapes(source.path), cfg, where=f"checkpoint {source.path}")
+    draft = load_draft(source.path)
+
+    staging = fresh_staging_dir(out)
+    try:
+        write_export(staging, draft, cfg, target_config, dtype, shard_size_bytes)
+        (staging / "README.md").write_text(model_card(cfg, source, out, _target_label(target_dir, source), dtype))
+        result = verify_export(staging, draft, cfg, dtype)
+        write_export_info(staging, source, dtype, target_dir, result)
+    except Exception as err:
+        failed = _keep_failed(staging, out)
+        if isinstance(err, (ExportCheckError, ContractError, ConfigError)):
+            raise ExportCheckError(f"{err}\nThe export was kept for inspection at {failed}; nothing under {out} changed.") from err
+        raise
+    publish(staging, out)
+    return out
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)} (bfloat16 for GPUs, float32 for vLLM on CPU).")
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out={out} is a file; give a directory path for the export.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(
+            f"out={out} is not empty; choose a new directory, or pass overwrite=true to replace it "
+            "(it is replaced only once the new export has passed its checks)."
+        )
+
+
+def fresh_staging_dir(out: Path) -> Path:
+    staging = out.with_name(out.name + ".tmp")
+    # Only this exporter writes `<out>.tmp`; one left over is a killed export of the same out.
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def write_export(directory: Path, draft, cfg: DraftModelConfig, target_config, dtype: str, shard_size_bytes: int) -> None:
+    config = vllm_config(cfg, target_config, dtype)
+    (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    write_weights(directory, draft_state_dict(draft, DTYPES[dtype]), shard_size_bytes)
+
+
+def write_weights(directory: Path, state: Dict[str, torch.Tensor], shard_size_bytes: int) -> None:
+    """One model.safetensors, or shards plus the HF index when the total exceeds the threshold."""
+    metadata = {"format": "pt"}
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    if total <= shard_size_bytes:
+        save_file(state, str(directory / WEIGHTS_NAME), metadata=metadata)
+        return
+    shards = plan_shards(state, shard_size_bytes)
+    weight_map = {}
+    for i, names in enumerate(shards, start=1):
+        filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: state[k] for k in names}, str(directory / filename), metadata=metadata)
+        weight_map.update({k: filename for k in names})
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def plan_shards(state: Dict[str, torch.Tensor], shard_size_bytes: int) -> List[List[str]]:
+    """Names in order, cut greedily under the size; a tensor larger than it gets a shard alone."""
+    shards: List[List[str]] = [[]]
+    used = 0
+    for name in sorted(state):
+        size = state[name].numel() * state[name].element_size()
+        if shards[-1] and used + size > shard_size_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    return shards
+
+
+def verify_export(directory: Path, draft, cfg: DraftModelConfig, dtype: str) -> ReloadResult:
+    """The contract on the names as stored (no renames), the config round trip, then the reload check."""
+    check_state_dict(stored_shapes(directory), cfg, where=f"the written weights in {directory}")
+    check_config_round_trip(directory, cfg)
+    result = reload_check(directory, draft, dtype)
+    if not result.ok:
+        raise ExportCheckError(f"{result.summary()}\nThe export does not compute what the checkpoint computes.")
+    return result
+
+
+def stored_shapes(directory: Path) -> Dict[str, tuple]:
+    return {name: shape for name, (shape, _) in tensor_headers(directory).items()}
+
+
+def check_config_round_trip(directory: Path, cfg: DraftModelConfig) -> None:
+    back = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME)).to_dict()
+    want = cfg.to_dict()
+    differing = [f"{k}: wrote {back[k]!r}, trained {want[k]!r}" for k in want if k not in NOT_ROUND_TRIPPED and back.get(k) != want[k]]
+    if differing:
+        raise ExportCheckError("config.json does not read back as the trained draft config:\n  " + "\n  ".join(differing))
+
+
+def write_export_info(directory: Path, source: CheckpointSource, dtype: str, target_dir, result: ReloadResult) -> None:
+    info = {
+        "source_checkpoint": str(source.path.absolute()),
+        "step": source.step,
+        "dtype": dtype,
+        "target": str(target_dir) if target_dir is not None else source.target_path,
+        "reload_check": {"max_abs_diff": result.max_abs_diff, "tolerance": result.tolerance},
+    }
+    (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Rename the checked export into place; an existing out is removed only after that."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    old = _free_name(out, ".old")
+    os.replace(out, old)
+    os.replace(staging, out)
+    shutil.rmtree(old)
+
+
+def _keep_failed(staging: Path, out: Path) -> Path:
+    failed = _free_name(out, ".failed")
+    if staging.exists():
+        os.replace(staging, failed)
+    return failed
+
+
+def _free_name(out: Path, suffix: str) -> Path:
+    """`<out><suffix>`, or `<out><suffix>.2`, ...: never a name that already holds something."""
+    candidate, n = out.with_name(out.name + suffix), 1
+    while candidate.exists():
+        n += 1
+        candidate = out.with_name(f"{out.name}{suffix}.{n}")
+    return candidate
+
+
+def _target_label(target_dir, source: CheckpointSource) -> Optional[str]:
+    return str(target_dir) if target_dir is not None else source.target_path

@@ -1,0 +1,128 @@
+"""Schema of the smoke-serve app: which draft and target, which prompts, how vLLM is run.
+
+Checks here are the cheap ones (types, ranges, files that must exist); everything that
+needs the draft's config, the target's config or the serving vLLM lives in `preflight`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from blockdraft.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-serve" / "bin" / "python"
+BUILTIN_PROMPT_SETS = ("sharegpt", "humaneval", "tiny")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class ServeConfig:
+    """`python -m blockdraft.serve draft=<dir> target=<dir> ...`: a lossless and acceptance check."""
+
+    draft: str = MISSING
+    """An exported draft directory (config.json + safetensors), as `blockdraft.export` writes it."""
+    target: str = MISSING
+    """The target's local Hugging Face directory (model, tokenizer, chat template)."""
+    prompts: str = "tiny"
+    """A JSONL file (`messages` or `{"prompt": ...}` per line) or a built-in set: sharegpt | humaneval | tiny."""
+    prompts_skip: Optional[int] = None
+    """Prompts skipped before the first one used; null = 10000 for sharegpt (held out from training), else 0."""
+    num_prompts: int = 8
+    """How many prompts are sent (fewer if the set runs out)."""
+    max_tokens: int = 64
+    """Tokens generated per prompt."""
+    out: str = "runs/serve"
+    """Report directory: report.json, acceptance.png and the vLLM logs."""
+    num_speculative_tokens: Optional[int] = None
+    """Drafted tokens per step; null = the draft's block_size - 1 (a larger value is allowed, with a warning)."""
+    vllm_python: Optional[str] = None
+    """The serving interpreter; null = <repo>/.venv-serve/bin/python (built by `make setup-serve`)."""
+    startup_timeout_s: float = 600.0
+    """Seconds a vLLM server may take to answer /health before the run is stopped."""
+    request_timeout_s: float = 300.0
+    """Seconds one generation request may take."""
+    kv_cache_gib: int = 1
+    """CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    max_model_len: int = 512
+    """Context length vLLM reserves; prompts longer than max_model_len - max_tokens are skipped."""
+    max_num_seqs: int = 4
+    """vLLM's batch limit; requests are sent one at a time, so a small value saves memory."""
+    min_acceptance_length: Optional[float] = None
+    """Fail when the mean acceptance length (1 + accepted / drafts) is below this; null = no floor."""
+    use_chat_template: bool = True
+    """Apply the target's chat template client-side; a `prompt` row becomes one user message."""
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra chat template variables, e.g. {enable_thinking: false}; use what training used."""
+    ignore_eos: bool = False
+    """Generate max_tokens for every prompt even past EOS (steadier tokens/s, more tokens compared)."""
+    allow_near_ties: bool = False
+    """Pass a run whose only mismatches are near-ties of the target (still reported)."""
+    extra_vllm_args: List[str] = field(default_factory=list)
+    """More vLLM server arguments, one list item per argv word, e.g. [--gpu-memory-utilization, '0.5']."""
+    device: str = "auto"
+    """auto (what the serving vLLM was built for) | cpu | cuda."""
+
+    def validate(self) -> "ServeConfig":
+        """Cheap checks that catch a typo before any model or server is touched."""
+        for key in ("draft", "target"):
+            path = Path(str(getattr(self, key))).expanduser()
+            if not path.is_dir():
+                raise ConfigError(f"serve.{key}={getattr(self, key)!r} is not a directory; {_FIXES[key]}")
+        self._check_prompts()
+        self._check_positive("num_prompts", "max_tokens", "max_model_len", "max_num_seqs", "kv_cache_gib")
+        self._check_positive("startup_timeout_s", "request_timeout_s")
+        if self.max_tokens >= self.max_model_len:
+            raise ConfigError(
+                f"serve.max_tokens={self.max_tokens} leaves no room for a prompt in "
+                f"serve.max_model_len={self.max_model_len}; raise max_model_len or lower max_tokens."
+            )
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
+            raise ConfigError(
+                f"serve.num_speculative_tokens={self.num_speculative_tokens}: draft at least 1 token, "
+                "or set null for block_size - 1."
+            )
+        if self.device not in DEVICES:
+            raise ConfigError(f"serve.device={self.device!r} is not one of {list(DEVICES)}; pick one.")
+        if not all(isinstance(a, str) for a in self.extra_vllm_args):
+            raise ConfigError(
+                f"serve.extra_vllm_args={list(self.extra_vllm_args)!r} must be strings, one per argv word; "
+                "quote numbers, e.g. ['--gpu-memory-utilization', '0.5']."
+            )
+        return self
+
+    def _check_prompts(self) -> None:
+        if self.prompts not in BUILTIN_PROMPT_SETS and not Path(self.prompts).expanduser().is_file():
+            raise ConfigError(
+                f"serve.prompts={self.prompts!r} is neither a file nor a built-in set; "
+                f"give a JSONL path or one of {list(BUILTIN_PROMPT_SETS)}."
+            )
+        if self.prompts_skip is not None and self.prompts_skip < 0:
+            raise ConfigError(f"serve.prompts_skip={self.prompts_skip}: set 0 or more (null = the set's default).")
+
+    def _check_positive(self, *keys: str) -> None:
+        for key in keys:
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"serve.{key}={value!r} must be a positive number; set serve.{key} above 0.")
+
+    def vllm_python_path(self) -> Path:
+        """The serving interpreter, which must exist: vLLM pins its own torch, so it lives apart."""
+        path = Path(self.vllm_python).expanduser() if self.vllm_python else DEFAULT_VLLM_PYTHON
+        if not path.is_file():
+            raise ConfigError(
+                f"serve.vllm_python={str(path)!r} does not exist: the serving environment is not built. "
+                "Run `make setup-serve` (it creates .venv-serve), or point serve.vllm_python at a "
+                "Python that has vLLM installed."
+            )
+        return path
+
+
+_FIXES = {
+    "draft": "point it at a directory written by `python -m blockdraft.export` (config.json + model.safetensors).",
+    "target": "point it at the target's local Hugging Face directory (the one the draft was trained on).",
+}

@@ -3,6 +3,8 @@
     python -m blockdraft.export checkpoint=<run or step dir> out=<dir> [dtype=float32|bfloat16] [target=<HF dir>]
     python -m blockdraft.export inspect=<dir>
 
+`target=` is an alias of `target_dir=` (see ExportConfig.target_dir).
+
 Errors a user can cause print their message (no traceback) and exit with status 2.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import hydra
 from omegaconf import OmegaConf
@@ -33,7 +35,7 @@ def run(cfg: ExportConfig) -> str:
     if cfg.inspect and not cfg.checkpoint:
         return describe(cfg.inspect)
     cfg.check_export_keys()
-    target = cfg.target or training_target(cfg.checkpoint)
+    target = cfg.target_dir or training_target(cfg.checkpoint)
     out = export_draft(cfg.checkpoint, cfg.out, cfg.dtype, target, cfg.overwrite, cfg.shard_size_bytes)
     checked = f"checked against the target {target}" if target else "no target checks (pass target=<HF dir>)"
     return f"exported to {out} ({checked})\n{describe(out)}"
@@ -63,5 +65,12 @@ def main(conf) -> None:
         sys.exit(2)
 
 
+def alias_target_argument(argv: List[str]) -> List[str]:
+    """`target=<dir>` -> `target_dir=<dir>`: `target` is a config group in configs/, so Hydra
+    would take the path for a group choice and fail."""
+    return ["target_dir=" + a[len("target="):] if a.startswith("target=") else a for a in argv]
+
+
 if __name__ == "__main__":
+    sys.argv = alias_target_argument(sys.argv)
     main()

@@ -16,8 +16,12 @@ class ExportConfig:
     """Where the vLLM-ready draft goes; must be empty or absent unless overwrite=true."""
     dtype: str = "bfloat16"
     """bfloat16 (GPU serving) | float32 (vLLM on CPU) | float16."""
-    target: Optional[str] = None
-    """The target's HF directory, checked against the draft; null = target.path of the training config."""
+    target_dir: Optional[str] = None
+    """The target's HF directory, checked against the draft; null = target.path of the training config.
+
+    On the command line `target=<dir>` works too. The field cannot be named `target`: Hydra
+    would read `target=<dir>` as a choice in the training app's `target/` config group.
+    """
     overwrite: bool = False
     """Replace a non-empty `out`, once the new export has passed its checks."""
     inspect: Optional[str] = None

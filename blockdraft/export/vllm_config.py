@@ -24,6 +24,7 @@ IMPORT_ARCHITECTURES = {
     "Qwen3DFlash2DraftModel": "dflash2",
 }
 DFLASH2_REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+DFLASH2_FIELDS = DFLASH2_REQUIRED + ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
 # transformers' Qwen3Config default, which vLLM inherits when a config has no rope_theta.
 QWEN3_DEFAULT_ROPE_THETA = 10000.0
 

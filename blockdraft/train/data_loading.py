@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from blockdraft.data.builtin_prompts import builtin_prompt_set
 from blockdraft.data.dataset import collate, prepare_dataset
 from blockdraft.errors import DataError
+from blockdraft.train.anchors import valid_anchor_mask
 from blockdraft.train.distributed import DistInfo, barrier
 
 
@@ -47,14 +48,28 @@ def _complete(path: Path, n: int) -> bool:
     return len(lines) >= n
 
 
-def load_split(path, tokenizer, data_cfg, name: str, dist: DistInfo):
+def load_split(path, tokenizer, data_cfg, name: str, dist: DistInfo, block_size: int):
     """Rank 0 tokenises (and fills the cache) first, the others then read the cache."""
     if not dist.is_main:
         barrier()
     dataset, _report = prepare_dataset(path, tokenizer, data_cfg)  # logs its reject report itself
     if dist.is_main:
         barrier()
+    _require_anchors(dataset, block_size, name, path)
     return dataset
+
+
+def _require_anchors(dataset, block_size: int, name: str, path, sample: int = 2000) -> None:
+    """Refuse data where no block fits on an assistant token: training would only skip steps."""
+    for i in range(min(len(dataset), sample)):
+        batch = collate([dataset[i]], pad_id=0)
+        if valid_anchor_mask(batch["loss_mask"], batch["attention_mask"], batch["document_ids"], block_size).any():
+            return
+    raise DataError(
+        f"data.{name}={path}: no row has an assistant token followed by a whole block of "
+        f"{block_size} tokens, so no anchor can be drawn. Use longer responses, a larger "
+        "data.seq_length, or a smaller draft.block_size."
+    )
 
 
 class MicroBatches:

@@ -62,8 +62,9 @@ class Trainer:
         self.draft_cfg = resolve_draft_config(cfg.draft, target_hf_cfg, special_token_ids(target_hf_cfg, self.tokenizer))
         self.target = TargetModel.load(cfg.target.path, self.draft_cfg.target_layer_ids, torch.float32, self.device)
         ensure_builtin_data(cfg, self.target.model, self.tokenizer, self.dist)
-        self.train_data = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist)
-        self.val_data = load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist) if cfg.data.val else None
+        b = self.draft_cfg.block_size
+        self.train_data = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist, b)
+        self.val_data = load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist, b) if cfg.data.val else None
         torch.manual_seed(cfg.seed)
         self.draft = self._initial_draft().to(self.device)
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)

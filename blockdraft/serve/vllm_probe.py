@@ -1,0 +1,122 @@
+"""Ask the serving vLLM what it can do, in its own interpreter, before any server starts.
+
+This file runs twice: imported in the training env (`probe_vllm`), and executed by path
+by the serving interpreter (`main`), so its top level uses the standard library only.
+The answer is one JSON line after a marker, because vLLM logs to stdout as it imports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+MARKER = "BLOCKDRAFT_VLLM_PROBE "
+PROBE_TIMEOUT_S = 300
+
+
+@dataclass
+class VllmInfo:
+    version: str
+    device: str  # "cpu", "cuda", ... as vLLM's platform names it
+    has_triton: bool  # Model Runner V2 (the only one that runs DFlash2) needs it
+    v2_runner_env: Optional[str]  # VLLM_USE_V2_MODEL_RUNNER as set, or None
+    dflash_archs: List[str] = field(default_factory=list)  # DFlash* drafts this vLLM registers
+    arch_known: bool = False
+    arch_supports_eagle3: bool = False  # the target can hand aux hidden states to a draft
+    anchor_clamp: Optional[bool] = None  # DFlash2 _score_edges clamps the anchor id; None = no DFlash2
+    cpu_head_sizes: List[int] = field(default_factory=list)  # CPU attention's head sizes; [] off CPU
+
+    @property
+    def can_run_dflash2(self) -> bool:
+        """DFlash2 needs the V2 runner; without a Triton GPU backend vLLM falls back to V1, which refuses it."""
+        forced_off = (self.v2_runner_env or "").lower() in ("0", "false")
+        return "DFlash2DraftModel" in self.dflash_archs and self.has_triton and self.device != "cpu" and not forced_off
+
+
+class ProbeError(RuntimeError):
+    """The serving interpreter could not answer; the message holds its output tail."""
+
+
+def probe_vllm(python: str | Path, architecture: str, timeout_s: float = PROBE_TIMEOUT_S) -> VllmInfo:
+    """Run this file in the serving interpreter and read its answer."""
+    # -I: the script's folder (this package) must not shadow modules vLLM imports.
+    cmd = [str(python), "-I", str(Path(__file__).resolve()), architecture]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"{python} did not answer within {timeout_s} s while importing vLLM") from None
+    for line in done.stdout.splitlines():
+        if line.startswith(MARKER):
+            return VllmInfo(**json.loads(line[len(MARKER) :]))
+    tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+    raise ProbeError(
+        f"{python} could not import vLLM (exit {done.returncode}); check `{python} -c 'import vllm'`, "
+        f"or rebuild the serving env: `rm -rf .venv-serve && make setup-serve`.\n--- last lines ---\n{tail}"
+    )
+
+
+# --- below runs inside the serving interpreter ----------------------------------------
+def main(architecture: str) -> None:
+    import os
+
+    import vllm
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+
+    archs = ModelRegistry.get_supported_archs()
+    known = architecture in archs
+    answer = dict(
+        version=vllm.__version__,
+        device=current_platform.device_type,
+        has_triton=bool(HAS_TRITON),
+        v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
+        dflash_archs=sorted(a for a in archs if "DFlash" in a),
+        arch_known=known,
+        arch_supports_eagle3=known and _supports_eagle3(ModelRegistry, architecture),
+        anchor_clamp=_anchor_clamp(),
+        cpu_head_sizes=_cpu_head_sizes(current_platform.device_type),
+    )
+    print(MARKER + json.dumps(answer), flush=True)
+
+
+def _supports_eagle3(registry, architecture: str) -> bool:
+    # DFlash reads the target's aux hidden states through the EAGLE3 interface; vLLM checks
+    # it on the loaded model, i.e. only after start-up. The class answers the same, now.
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    try:
+        cls = registry._try_load_model_cls(architecture)  # no public way to get the class by name
+    except Exception:  # noqa: BLE001 - an import failure means vLLM cannot serve it either
+        return False
+    return cls is not None and bool(supports_eagle3(cls))
+
+
+def _anchor_clamp() -> Optional[bool]:
+    import inspect
+
+    try:
+        from vllm.model_executor.models import qwen3_dflash2
+    except Exception:  # noqa: BLE001 - no DFlash2 in this vLLM
+        return None
+    source = inspect.getsource(getattr(qwen3_dflash2, "_score_edges", lambda: None))
+    return "clamp" in source
+
+
+def _cpu_head_sizes(device: str) -> List[int]:
+    if device != "cpu":
+        return []
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # noqa: BLE001 - the layout moved; skip the check rather than guess
+        return []
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

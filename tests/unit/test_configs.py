@@ -1,0 +1,71 @@
+"""Every config in configs/ composes, and a typo fails at composition with the key's name."""
+
+import pytest
+from omegaconf import OmegaConf
+from hydra.errors import ConfigCompositionException
+
+from blockdraft.config import CONFIG_DIR, compose, register_schema
+from blockdraft.train.config import TrainAppConfig
+
+register_schema("train_schema", TrainAppConfig)
+
+GROUPS = ["target", "draft", "data", "optim"]
+
+
+def _options(group):
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_every_experiment_composes(experiment):
+    cfg = compose("train", [f"experiment={experiment}", "run_dir=/tmp/x"])
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, TrainAppConfig)
+    assert obj.name == experiment
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_group_option_composes(group, option):
+    cfg = compose("train", [f"{group}={option}", "run_dir=/tmp/x"])
+    OmegaConf.to_object(cfg)
+
+
+def test_every_app_config_composes():
+    for app in sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")):
+        __import__(f"blockdraft.{app}.__main__")  # registers the app's schema
+        compose(app, [])
+
+
+def test_misspelled_key_fails_at_composition_with_its_name():
+    for typo in ("draft.num_layer=3", "train.num_anchor=3", "optim.learning_rate=1e-3"):
+        with pytest.raises(ConfigCompositionException) as err:
+            compose("train", [typo])
+        assert typo.split("=")[0] in str(err.value)
+
+
+def test_misspelled_key_in_a_recipe_file_fails_with_its_name(tmp_path):
+    import shutil
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    tree = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, tree)
+    (tree / "experiment" / "typo.yaml").write_text("# @package _global_\ndraft:\n  num_layerz: 2\n")
+    with initialize_config_dir(config_dir=str(tree), version_base=None):
+        with pytest.raises(ConfigCompositionException) as err:
+            hydra_compose(config_name="train", overrides=["experiment=typo"])
+    assert "num_layerz" in str(err.value.__cause__ or err.value)
+
+
+def test_wrong_type_fails_at_composition_with_its_name():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose("train", ["draft.block_size=sixteen"])
+    assert "draft.block_size" in str(err.value)
+
+
+def test_qwen3_8b_recipes_match_the_published_drafters():
+    for name, kind in (("qwen3_8b_dflash", "dflash"), ("qwen3_8b_dflash2", "dflash2")):
+        d = compose("train", [f"experiment={name}", "run_dir=/tmp/x"]).draft
+        assert (d.kind, d.num_layers, d.block_size, d.mask_token_id) == (kind, 5, 16, 151669)
+        assert list(d.target_layer_ids) == [1, 9, 17, 25, 33]

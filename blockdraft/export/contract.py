@@ -12,6 +12,8 @@ from typing import Dict, Mapping, Tuple
 from blockdraft.models.draft_config import DraftModelConfig
 
 Shape = Tuple[int, ...]
+# A config describing another draft altogether mismatches every tensor; the first lines say enough.
+MAX_LISTED = 40
 
 
 class ContractError(ValueError):
@@ -94,9 +96,10 @@ def contract_problems(state: Mapping, cfg: DraftModelConfig) -> list[str]:
 def check_state_dict(state: Mapping, cfg: DraftModelConfig, where: str = "state_dict") -> None:
     problems = contract_problems(state, cfg)
     if problems:
+        shown = problems[:MAX_LISTED] + ([f"... and {len(problems) - MAX_LISTED} more"] if len(problems) > MAX_LISTED else [])
         raise ContractError(
             f"{where} does not match the vLLM {cfg.kind} contract for its config "
-            f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems)
+            f"({len(problems)} problem(s)):\n  " + "\n  ".join(shown)
             + "\nThe weights and config.json describe different drafts; export from the checkpoint "
             "the weights came from, or fix the config keys named above."
         )

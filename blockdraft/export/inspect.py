@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Optional, Tuple
 
+from blockdraft.errors import ConfigError
 from blockdraft.export.contract import contract_problems
 from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files
 from blockdraft.export.model_card import serve_command, shape_line
@@ -43,7 +44,9 @@ def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
         config = read_config(directory)
         cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
         return cfg, "a vLLM draft export (config.json + safetensors)", ", ".join(config["architectures"]), directory
-    source = resolve_checkpoint(directory)
+    if not directory.is_dir():
+        raise ConfigError(f"inspect={directory} does not exist; give an export, a checkpoint or a run directory.")
+    source = resolve_checkpoint(directory, key="inspect")
     cfg = load_draft_config(source.path)
     holds = (
         f"a training checkpoint ({source.path.name}); vLLM cannot read it as is: "

@@ -37,11 +37,12 @@ class CheckpointSource:
         return (self.training_config.get("data") or {}).get("train")
 
 
-def resolve_checkpoint(path: str | Path) -> CheckpointSource:
+def resolve_checkpoint(path: str | Path, key: str = "checkpoint") -> CheckpointSource:
+    """`key` is the setting the path came from, so an error names what the user typed."""
     path = Path(path)
     if not path.is_dir():
-        raise ConfigError(f"checkpoint={path} does not exist; give a run directory or a checkpoints/step_<N> directory.")
-    step_dir = path if is_draft_dir(path) else latest_checkpoint(path)
+        raise ConfigError(f"{key}={path} does not exist; give a run directory or a checkpoints/step_<N> directory.")
+    step_dir = path if is_draft_dir(path) else latest_checkpoint(path, key)
     match = STEP_DIR.match(step_dir.name)
     run_dir = step_dir.parent.parent if step_dir.parent.name == "checkpoints" else None
     return CheckpointSource(
@@ -56,13 +57,13 @@ def is_draft_dir(path: Path) -> bool:
     return (path / WEIGHTS_NAME).is_file() and (path / DRAFT_CONFIG_NAME).is_file()
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
+def latest_checkpoint(run_dir: Path, key: str = "checkpoint") -> Path:
     root = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
     steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and is_draft_dir(p)]
     if steps:
         return max(steps)[1]
     raise ConfigError(
-        f"checkpoint={run_dir} is neither a checkpoint ({WEIGHTS_NAME} + {DRAFT_CONFIG_NAME}) nor a run "
+        f"{key}={run_dir} is neither a checkpoint ({WEIGHTS_NAME} + {DRAFT_CONFIG_NAME}) nor a run "
         f"directory with a complete checkpoints/step_<N> (directories ending in .tmp are half-written). "
         "Point it at a run directory that has saved at least once, or at one step_<N> directory."
     )

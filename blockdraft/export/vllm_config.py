@@ -33,9 +33,11 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
     """The config.json vLLM serves `cfg` from.
 
     RoPE is the draft's own (default rope at cfg.rope_theta: what training computed).
-    `target_config` (the target's config.json as a dict) only raises
+    `target_config` (the target's config.json as a dict, or its HF config) only raises
     max_position_embeddings, because vLLM caps the draft's max_model_len by it.
     """
+    if target_config is not None and hasattr(target_config, "to_dict"):
+        target_config = target_config.to_dict()
     out = {
         "architectures": [EXPORT_ARCHITECTURES[cfg.kind]],
         "model_type": "qwen3",

@@ -170,10 +170,15 @@ class Trainer:
             batch = {k: v.to(self.device) for k, v in next(data).items()}
             last = micro == cfg.train.grad_accum - 1
             sync = self.model.no_sync() if (self.dist.enabled and not last) else contextlib.nullcontext()
+            started = time.perf_counter()
             with sync, self._autocast():
                 result = train_step(self.model, self.target, batch, cfg.train, self.generator, self.backend)
                 (result.loss / cfg.train.grad_accum).backward()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             sums = {k: v.detach().float().cpu() for k, v in result.sums.items()}
+            # The draft's share: its forward and backward, i.e. the micro-step less the target's capture.
+            sums["time_draft_s"] = torch.tensor(time.perf_counter() - started) - sums["time_target_s"]
             sums["tokens"] = batch["attention_mask"].sum().float().cpu()
             totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
         totals = {k: all_reduce_sum(v.to(self.device)).cpu() for k, v in totals.items()}
@@ -190,10 +195,19 @@ class Trainer:
 
     def _log(self, window: dict, seconds: float) -> None:
         steps = self.cfg.train.log_every if self.step % self.cfg.train.log_every == 0 else self.step % self.cfg.train.log_every
+        world = self.dist.world_size
         record = {"step": self.step, **summarize(window), "lr": self.scheduler.get_last_lr()[0],
-                  "tokens_per_s": float(window["tokens"]) / seconds, "step_time_s": seconds / steps}
+                  "tokens_per_s": float(window["tokens"]) / seconds, "step_time_s": seconds / steps,
+                  # Time shares are per rank (sums over ranks / world size) against this rank's wall time.
+                  "share_target": float(window["time_target_s"]) / world / seconds,
+                  "share_draft": float(window["time_draft_s"]) / world / seconds}
+        record["share_other"] = 1.0 - record["share_target"] - record["share_draft"]
         if self.device.type == "cuda":
             record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            import resource
+
+            record["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
         self.logger.log(record, advance=1)
 
     @torch.no_grad()

@@ -6,6 +6,7 @@ supervised slots -> block CE (+ DFlash2 selector CE) and the metrics serving wil
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -58,7 +59,9 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     dcfg = module.config
     b = dcfg.block_size
     blocks = draw_blocks(batch, cfg, b, dcfg.mask_token_id, generator)
+    started = _now(batch["input_ids"].device)
     features = batch_features(target, batch)  # [N, T, n*H_t]
+    target_seconds = _now(batch["input_ids"].device) - started
     mask = block_attention_mask(blocks, batch, b, backend, dcfg.sliding_window)
     ctx_kv = module.context_kv(features, batch["position_ids"])
     embeds = module.embed(blocks.block_ids, target.embed_tokens)  # [N, A*B, H]
@@ -79,13 +82,20 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         logits = module.logits(h_sup, lm_head)  # [M, V]
         loss = block_cross_entropy(logits, labels, weights)
         pred_sup = logits.argmax(-1)
-    sums = {"loss_sum": loss.detach() * 1.0, "micro_batches": torch.tensor(1.0)}
+    sums = {"loss_sum": loss.detach() * 1.0, "micro_batches": torch.tensor(1.0), "time_target_s": torch.tensor(target_seconds)}
     if isinstance(module, DFlash2DraftModel):
         loss, pred_sup = _add_selector_loss(module, cfg, logits, h_sup, blocks.predecessors[sup], labels, weights, loss, pred_sup, sums)
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
     return StepResult(loss, sums)
+
+
+def _now(device: torch.device) -> float:
+    # CUDA work is asynchronous: wait for it, or the time lands in whatever runs next.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _transform(module):

@@ -77,3 +77,12 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     b = load_file(str(tmp_path / "full" / "checkpoints" / "step_300" / "model.safetensors"))
     for name in b:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+
+
+def test_wandb_offline_logs_the_run(tmp_path):
+    from tests.integration.conftest import train_tiny
+
+    run_dir = train_tiny(tmp_path / "run", "train.max_steps=10", "train.log_every=5", "wandb.mode=offline", "data.val=null")
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert any(f.suffix == ".wandb" and f.stat().st_size > 0 for f in runs[0].iterdir())

@@ -1,0 +1,268 @@
+"""Everything that can be refused before a server starts, each refusal saying what and how to fix.
+
+Two layers: `read_draft` / `check_against_target` read only config.json files and
+safetensors headers (pure, fast, unit-tested); `plan_serving` adds what the serving vLLM
+says it can do (`vllm_probe`) and decides between vLLM and the reference engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from blockdraft.errors import ConfigError
+from blockdraft.serve.config import ServeConfig
+from blockdraft.serve.vllm_probe import VllmInfo, probe_vllm
+
+DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+@dataclass
+class DraftFacts:
+    """What serving needs to know about an exported draft, read from its config.json."""
+
+    directory: Path
+    architecture: str
+    kind: str
+    vocab_size: int
+    hidden_size: int
+    head_dim: int
+    target_hidden_size: int
+    target_layer_ids: List[int]
+    mask_token_id: int
+    block_size: Optional[int]
+
+
+@dataclass
+class TargetFacts:
+    directory: Path
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    head_dim: int
+
+
+@dataclass
+class Plan:
+    """The decided run: which engine checks the draft, on what, with how many drafted tokens."""
+
+    draft: DraftFacts
+    target: TargetFacts
+    num_speculative_tokens: int
+    engine: str  # "vllm" | "reference"
+    device: str
+    vllm: VllmInfo
+    warnings: List[str] = field(default_factory=list)
+
+
+# --- the draft and the target, from their files ---------------------------------------
+def read_json(path: Path, key: str) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"serve.{key}: {path} does not exist; {_MISSING_FIX[key]}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"serve.{key}: {path} is not valid JSON ({err}); {_MISSING_FIX[key]}") from None
+
+
+_MISSING_FIX = {
+    "draft": "export the draft with `python -m blockdraft.export checkpoint=<ckpt> out=<dir>` and pass that dir.",
+    "target": "pass the target's Hugging Face directory (it holds config.json).",
+}
+
+
+def read_draft(directory: str | Path) -> DraftFacts:
+    directory = Path(directory)
+    config = read_json(directory / "config.json", "draft")
+    where = f"{directory / 'config.json'}"
+    archs = list(config.get("architectures") or [])
+    arch = next((a for a in archs if a in DRAFT_KINDS), None)
+    if arch is None:
+        raise ConfigError(
+            f"{where}: architectures={archs} is not a DFlash draft vLLM can serve; it must be "
+            f"{list(DRAFT_KINDS)} (vLLM renames anything else). Re-export with `python -m blockdraft.export`."
+        )
+    dflash = config.get("dflash_config")
+    if not isinstance(dflash, dict) or "mask_token_id" not in dflash or not dflash.get("target_layer_ids"):
+        raise ConfigError(
+            f"{where}: dflash_config with mask_token_id and target_layer_ids is required (vLLM reads the "
+            "target layers and the mask token from it); re-export the draft with `python -m blockdraft.export`."
+        )
+    kind = DRAFT_KINDS[arch]
+    missing = [k for k in DFLASH2_KEYS if kind == "dflash2" and k not in dflash]
+    if missing:
+        raise ConfigError(f"{where}: a DFlash2 draft needs dflash_config.{missing[0]} (all of {list(DFLASH2_KEYS)}); re-export it.")
+    hidden = int(config["hidden_size"])
+    return DraftFacts(
+        directory=directory,
+        architecture=arch,
+        kind=kind,
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=hidden,
+        head_dim=int(config.get("head_dim") or hidden // int(config["num_attention_heads"])),
+        target_hidden_size=int(config.get("target_hidden_size") or hidden),
+        target_layer_ids=[int(i) for i in dflash["target_layer_ids"]],
+        mask_token_id=int(dflash["mask_token_id"]),
+        block_size=_block_size(dflash, config),
+    )
+
+
+def _block_size(dflash: dict, config: dict) -> Optional[int]:
+    value = dflash.get("block_size", config.get("block_size"))
+    return int(value) if value is not None else None
+
+
+def read_target(directory: str | Path) -> TargetFacts:
+    directory = Path(directory)
+    config = read_json(directory / "config.json", "target")
+    text = config.get("text_config") or config  # multimodal wrappers keep the LM's sizes inside
+    archs = list(config.get("architectures") or ["<none>"])
+    hidden = int(text["hidden_size"])
+    return TargetFacts(
+        directory=directory,
+        architecture=archs[0],
+        vocab_size=int(text["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=int(text["num_hidden_layers"]),
+        head_dim=int(text.get("head_dim") or hidden // int(text["num_attention_heads"])),
+    )
+
+
+def check_against_target(draft: DraftFacts, target: TargetFacts, fc_in_features: Optional[int]) -> None:
+    """The draft must read exactly what this target produces: vocabulary, layers and widths."""
+    where = f"{draft.directory / 'config.json'}"
+    if draft.vocab_size != target.vocab_size:
+        raise ConfigError(
+            f"{where}: vocab_size={draft.vocab_size} but the target has {target.vocab_size}; the draft "
+            "shares the target's embedding and head, so it must be trained and exported for this target."
+        )
+    if not 0 <= draft.mask_token_id < target.vocab_size:
+        raise ConfigError(f"{where}: dflash_config.mask_token_id={draft.mask_token_id} is outside the target vocabulary [0, {target.vocab_size}).")
+    ids, hi = draft.target_layer_ids, target.num_layers - 2
+    if ids != sorted(set(ids)) or not all(0 <= i <= hi for i in ids):
+        raise ConfigError(
+            f"{where}: dflash_config.target_layer_ids={ids} must be sorted, unique and within [0, {hi}] "
+            f"for this {target.num_layers}-layer target; the draft was trained for another target."
+        )
+    if draft.target_hidden_size != target.hidden_size:
+        raise ConfigError(
+            f"{where}: target_hidden_size={draft.target_hidden_size} but the target's hidden_size is "
+            f"{target.hidden_size}; the draft's fc reads {len(ids)} target layers of that width. Use the target it was trained on."
+        )
+    expected = len(ids) * target.hidden_size
+    if fc_in_features is not None and fc_in_features != expected:
+        raise ConfigError(
+            f"{draft.directory}: fc.weight takes {fc_in_features} inputs, but {len(ids)} target layers "
+            f"(dflash_config.target_layer_ids) x hidden_size {target.hidden_size} = {expected}; re-export the draft."
+        )
+
+
+def fc_in_features(directory: Path) -> Optional[int]:
+    """fc.weight's input width from the safetensors headers (nothing is loaded); None if absent."""
+    from blockdraft.export.importer import canonical_name, tensor_headers
+
+    for name, (shape, _dtype) in tensor_headers(directory).items():
+        if canonical_name(name) == "fc.weight" and len(shape) == 2:
+            return int(shape[1])
+    return None
+
+
+# --- what the serving vLLM can do ------------------------------------------------------
+def speculative_tokens(requested: Optional[int], block_size: Optional[int]) -> tuple[int, List[str]]:
+    """-> (num_speculative_tokens, warnings). Default block_size - 1, the trained block."""
+    if requested is None:
+        if block_size is None:
+            raise ConfigError(
+                "the draft's config.json has no dflash_config.block_size, so num_speculative_tokens has "
+                "no default; set serve.num_speculative_tokens=<block_size - 1 of training>."
+            )
+        return block_size - 1, []
+    if block_size is None or requested == block_size - 1:
+        return requested, []
+    if requested > block_size - 1:
+        return requested, [
+            f"serve.num_speculative_tokens={requested} is above block_size - 1 = {block_size - 1}: slots past "
+            "the trained block were never trained, so their acceptance will be near zero."
+        ]
+    return requested, [f"serve.num_speculative_tokens={requested} is below block_size - 1 = {block_size - 1} (allowed; the last slots are unused)."]
+
+
+def check_vllm_support(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -> None:
+    if not info.arch_known:
+        raise ConfigError(
+            f"serve.target: architecture {target.architecture!r} is not in vLLM {info.version}'s registry; "
+            "vLLM cannot serve this target. Use a target architecture vLLM supports."
+        )
+    if not info.arch_supports_eagle3:
+        raise ConfigError(
+            f"serve.target: architecture {target.architecture!r} cannot expose the hidden states DFlash needs "
+            f"in vLLM {info.version} (its model class lacks the EAGLE3 aux-hidden-state interface). "
+            "Use a target whose vLLM class supports it (Qwen3, Qwen2, Llama, Mistral, ...)."
+        )
+    if draft.kind == "dflash" and draft.architecture not in info.dflash_archs:
+        raise ConfigError(
+            f"vLLM {info.version} has no {draft.architecture} in its registry; serve with a vLLM that has "
+            "DFlash (`make setup-serve` installs one) via serve.vllm_python."
+        )
+
+
+def resolve_device(requested: str, info: VllmInfo) -> str:
+    if requested != "auto" and requested != info.device:
+        raise ConfigError(
+            f"serve.device={requested} but the serving vLLM ({info.version}) is built for {info.device}; "
+            "set serve.device=auto, or point serve.vllm_python at a vLLM built for that device."
+        )
+    return info.device
+
+
+def choose_engine(draft: DraftFacts, info: VllmInfo) -> tuple[str, List[str]]:
+    """DFlash always goes to vLLM; DFlash2 only where vLLM's V2 runner can run it."""
+    if draft.kind == "dflash" or info.can_run_dflash2:
+        return "vllm", []
+    why = "it has no Triton GPU backend" if info.device == "cpu" or not info.has_triton else "its V2 model runner is off"
+    return "reference", [
+        f"vLLM {info.version} on {info.device} cannot run DFlash2 ({why}; its V1 runner refuses DFlash2 drafts). "
+        "The draft is checked with the project's own reference engine instead, not with vLLM."
+    ]
+
+
+def check_cpu_head_sizes(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -> None:
+    """vLLM's CPU attention only has kernels for some head sizes; it fails at the first request otherwise."""
+    sizes = info.cpu_head_sizes
+    for who, head_dim in (("target", target.head_dim), ("draft", draft.head_dim)):
+        if sizes and head_dim not in sizes:
+            raise ConfigError(
+                f"serve.{who}: head_dim={head_dim} has no kernel in vLLM {info.version}'s CPU attention "
+                f"(supported: {sizes}). Use a model with one of those head sizes (a tiny test target: "
+                "save_tiny_target(dir, hidden_size=128) gives head_dim 32), or serve on a GPU."
+            )
+
+
+def anchor_clamp_warning(info: VllmInfo, draft: DraftFacts) -> List[str]:
+    if draft.kind != "dflash2" or info.anchor_clamp is not False:
+        return []
+    return [
+        f"vLLM {info.version}'s DFlash2 selector (qwen3_dflash2._score_edges) indexes its codebooks with "
+        "unclamped anchor token ids, which can fault at some request endings. Fix: serve with a vLLM that "
+        "clamps them, or patch _score_edges to use anchor_token_ids.clamp(0, V - 1)."
+    ]
+
+
+def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) -> Plan:
+    """All checks, cheapest first; returns the plan or raises ConfigError before anything heavy runs."""
+    cfg.validate()
+    python = cfg.vllm_python_path()
+    draft, target = read_draft(cfg.draft), read_target(cfg.target)
+    check_against_target(draft, target, fc_in_features(draft.directory))
+    k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.block_size)
+    info = probe(python, target.architecture)
+    check_vllm_support(info, draft, target)
+    device = resolve_device(cfg.device, info)
+    engine, notes = choose_engine(draft, info)
+    if engine == "vllm" and device == "cpu":
+        check_cpu_head_sizes(info, draft, target)
+    return Plan(draft, target, k, engine, device, info, warnings + notes + anchor_clamp_warning(info, draft))

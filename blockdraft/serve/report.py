@@ -1,0 +1,171 @@
+"""What a smoke-serve run found: report.json, a printed table, and acceptance.png.
+
+The harness fills a `RunRecord` phase by phase; `build_report` turns whatever is there
+into the report, so a run stopped half-way still writes one, marked `incomplete`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, TextIO
+
+from blockdraft.serve.client import Completion, SpecMetrics
+from blockdraft.serve.verdict import compare_outputs, judge, tokens_per_second
+
+REPORT_NAME = "report.json"
+PLOT_NAME = "acceptance.png"
+
+
+@dataclass
+class RunRecord:
+    engine: str = "vllm"  # "vllm" | "reference"
+    settings: Dict[str, object] = field(default_factory=dict)  # draft, target, prompts, max_tokens, ...
+    sources: List[str] = field(default_factory=list)  # per prompt sent, where it came from
+    prompts_too_long: List[str] = field(default_factory=list)
+    baseline: Optional[List[Completion]] = None
+    draft: Optional[List[Completion]] = None
+    metrics: Optional[SpecMetrics] = None
+    timings_s: Dict[str, float] = field(default_factory=dict)
+    environment: Dict[str, object] = field(default_factory=dict)  # vllm_version, device, runner
+    warnings: List[str] = field(default_factory=list)
+    extra_failures: List[str] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+def build_report(record: RunRecord, min_acceptance_length: Optional[float] = None, allow_near_ties: bool = False) -> dict:
+    complete = record.baseline is not None and record.draft is not None and record.metrics is not None
+    report = {
+        "engine": record.engine,
+        "incomplete": not complete or record.error is not None,
+        "error": record.error,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **record.environment,
+        **record.settings,
+        "prompts_sent": len(record.sources),
+        "prompts_skipped_too_long": record.prompts_too_long,
+        "timings_s": record.timings_s,
+        "warnings": record.warnings,
+    }
+    report.update(_throughput(record))
+    if complete:
+        report.update(_verdict(record, min_acceptance_length, allow_near_ties))
+    else:
+        why = record.error or "the run stopped before both runs finished"
+        report.update(lossless=None, draft_active=None, mean_acceptance_length=None, acceptance_per_position=[], passed=False)
+        report["failures"] = [*record.extra_failures, f"incomplete: {(why.splitlines() or [why])[0]}"]
+    return report
+
+
+def _throughput(record: RunRecord) -> dict:
+    base = tokens_per_second(record.baseline) if record.baseline else None
+    spec = tokens_per_second(record.draft) if record.draft else None
+    return {
+        "tokens_per_s_baseline": base,
+        "tokens_per_s_draft": spec,
+        "speedup": spec / base if base and spec else None,
+        "tokens_generated": {
+            "baseline": sum(len(c.token_ids) for c in record.baseline or []),
+            "draft": sum(len(c.token_ids) for c in record.draft or []),
+        },
+    }
+
+
+def _verdict(record: RunRecord, min_acceptance_length: Optional[float], allow_near_ties: bool) -> dict:
+    mismatches = compare_outputs(record.baseline, record.draft, record.sources)
+    verdict = judge(mismatches, record.metrics, min_acceptance_length, allow_near_ties, record.extra_failures)
+    accept = verdict.acceptance
+    return {
+        "passed": verdict.passed,
+        "failures": verdict.failures,
+        "lossless": verdict.lossless,
+        "draft_active": verdict.draft_active,
+        "mean_acceptance_length": accept.mean_acceptance_length,
+        "acceptance_per_position": accept.acceptance_per_position,
+        "cumulative_acceptance_length": accept.cumulative_acceptance_length,
+        "spec_decode": {
+            "num_drafts": accept.num_drafts,
+            "num_draft_tokens": accept.num_draft_tokens,
+            "num_accepted_tokens": accept.num_accepted_tokens,
+        },
+        "mismatches": [asdict(m) for m in mismatches],
+    }
+
+
+def write_report(report: dict, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / REPORT_NAME
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    if report.get("acceptance_per_position"):
+        plot_acceptance(report["acceptance_per_position"], report["cumulative_acceptance_length"], out / PLOT_NAME)
+    return path
+
+
+def plot_acceptance(per_position: List[float], cumulative: List[float], path: Path) -> None:
+    """Left: P(slot i accepted) per step. Right: expected tokens per step when drafting up to slot i."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    slots = list(range(1, len(per_position) + 1))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.bar(slots, per_position, color="tab:blue")
+    left.set(xlabel="drafted slot", ylabel="acceptance rate", title="Acceptance per position", ylim=(0, 1))
+    right.plot([0, *slots], [1.0, *cumulative], marker="o", color="tab:green")
+    right.set(xlabel="slots drafted", ylabel="expected tokens per step", title="Cumulative acceptance length")
+    for axis in (left, right):
+        axis.set_xticks([0, *slots] if axis is right else slots)
+        axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def print_table(report: dict, stream: TextIO = sys.stdout) -> None:
+    rows = [
+        ("engine", _engine_line(report)),
+        ("result", "PASS" if report.get("passed") else "FAIL"),
+        ("lossless", _fmt(report.get("lossless"))),
+        ("draft active", _fmt(report.get("draft_active"))),
+        ("mean acceptance length", _fmt(report.get("mean_acceptance_length"))),
+        ("acceptance per position", " ".join(f"{r:.2f}" for r in report.get("acceptance_per_position") or []) or "-"),
+        ("tokens/s baseline", _fmt(report.get("tokens_per_s_baseline"))),
+        ("tokens/s draft", _fmt(report.get("tokens_per_s_draft"))),
+        ("speedup", _fmt(report.get("speedup"))),
+        *((f"time {k}", f"{v:.1f} s") for k, v in report.get("timings_s", {}).items()),
+        ("prompts sent", str(report.get("prompts_sent"))),
+        ("vLLM", f"{report.get('vllm_version')} on {report.get('device')}"),
+        ("date", str(report.get("date"))),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name.ljust(width)}  {value}", file=stream)
+    for line in report.get("warnings", []):
+        print(f"  warning: {line}", file=stream)
+    for line in report.get("failures", []):
+        print(f"  FAILED: {line}", file=stream)
+    for mismatch in report.get("mismatches", [])[:10]:
+        print(f"  mismatch: prompt {mismatch['prompt_index']} at token {mismatch['position']} "
+              f"({mismatch['baseline_token']} vs {mismatch['draft_token']}, near-tie {mismatch['near_tie']})", file=stream)
+
+
+def _engine_line(report: dict) -> str:
+    if report.get("engine") == "reference":
+        return "REFERENCE engine (blockdraft.serve.engine), not vLLM"
+    runner = report.get("runner")
+    return f"vLLM ({runner} model runner)" if runner else "vLLM"
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)

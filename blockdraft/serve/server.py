@@ -138,7 +138,7 @@ class VllmServer:
                 return True
             time.sleep(POLL_S)
         raise ServerStartTimeout(
-            f"vLLM did not answer {self.url}/health within serve.startup_timeout_s={self.startup_timeout_s:g} s; "
+            f"vLLM did not answer {self.url}/health within startup_timeout_s={self.startup_timeout_s:g} s; "
             f"raise the timeout if start-up is just slow. {self._tail_message()}"
         )
 

@@ -135,7 +135,7 @@ def judge(
     if min_acceptance_length is not None and (accept.mean_acceptance_length or 0.0) < min_acceptance_length:
         failures.append(
             f"mean acceptance length {accept.mean_acceptance_length or 0.0:.3f} is below "
-            f"serve.min_acceptance_length={min_acceptance_length:g}"
+            f"min_acceptance_length={min_acceptance_length:g}"
         )
     return Verdict(lossless, active, mismatches, accept, failures)
 

@@ -47,7 +47,6 @@ class LoopConfig:
     """Steps between checkpoints (0 = only at the end)."""
     keep_last: int = 3
     """Checkpoints kept; older ones are deleted after a successful save."""
-    num_workers: int = 0
     progress: bool = True
     """Progress bar on rank 0."""
 

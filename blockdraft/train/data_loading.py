@@ -1,17 +1,11 @@
-"""Datasets and a resumable, rank-sharded order of micro-batches.
-
-The order of epoch e is DistributedSampler's with seed `seed` and epoch e, so a resumed
-run that skips the micro-batches it already consumed sees exactly the same data.
-"""
+"""Datasets, data a recipe makes for itself, and a resumable, rank-sharded order of micro-batches."""
 
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
 
 from blockdraft.data.builtin_prompts import builtin_prompt_set
 from blockdraft.data.dataset import collate, prepare_dataset
@@ -72,37 +66,49 @@ def _require_anchors(dataset, block_size: int, name: str, path, sample: int = 20
     )
 
 
-class MicroBatches:
-    """Iterates micro-batches forever, epoch after epoch; `position` is saved in checkpoints."""
+class GlobalBatches:
+    """World-size-independent data order: step k of epoch e takes rows
+    perm_e[k*G : (k+1)*G] (G = micro_batch_size * grad_accum * world_size), and rank r's
+    micro-batch i is the slice (r*grad_accum + i). One process with grad_accum = W*A sees
+    exactly the rows W ranks with grad_accum = A see, in the same micro-batch order; each
+    micro-batch also gets its own anchor generator, seeded by its global index, so the
+    blocks drawn do not depend on how the work is split either. The saved position is a
+    sample count, so a run resumes on another world size."""
 
-    def __init__(self, dataset, batch_size: int, pad_id: int, dist: DistInfo, seed: int, num_workers: int = 0):
-        if len(dataset) < dist.world_size * batch_size:
+    def __init__(self, dataset, micro_batch_size: int, grad_accum: int, pad_id: int, dist: DistInfo, seed: int):
+        self.global_micro = micro_batch_size * grad_accum * dist.world_size
+        if len(dataset) < self.global_micro:
             raise DataError(
-                f"{len(dataset)} usable rows cannot fill one micro-batch of {batch_size} on each of "
-                f"{dist.world_size} ranks; lower train.micro_batch_size or add rows."
+                f"{len(dataset)} usable rows cannot fill one global batch of {self.global_micro} "
+                f"(micro_batch_size {micro_batch_size} x grad_accum {grad_accum} x {dist.world_size} ranks); "
+                "lower train.micro_batch_size or train.grad_accum, or add rows."
             )
-        self.dataset, self.batch_size, self.dist, self.seed = dataset, batch_size, dist, seed
-        self.collate = partial(collate, pad_id=pad_id)
-        self.num_workers = num_workers
-        self.epoch, self.offset = 0, 0
+        self.dataset, self.mbs, self.accum, self.dist, self.seed = dataset, micro_batch_size, grad_accum, dist, seed
+        self.pad_id = pad_id
+        self.epoch, self.samples = 0, 0  # samples consumed in this epoch, all ranks together
 
-    def _loader(self):
-        sampler = DistributedSampler(self.dataset, self.dist.world_size, self.dist.rank, shuffle=True, seed=self.seed, drop_last=True)
-        sampler.set_epoch(self.epoch)
-        indices = list(sampler)[self.offset * self.batch_size:]
-        return DataLoader(torch.utils.data.Subset(self.dataset, indices), batch_size=self.batch_size,
-                          collate_fn=self.collate, num_workers=self.num_workers, drop_last=True)
+    def _permutation(self) -> list:
+        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+        return torch.randperm(len(self.dataset), generator=g).tolist()
 
-    def __iter__(self):
-        while True:
-            for batch in self._loader():
-                self.offset += 1
-                yield batch
-            self.epoch, self.offset = self.epoch + 1, 0
+    def next_step(self) -> list:
+        """This rank's micro-batches of the next optimizer step: [(batch, anchor generator), ...]."""
+        if self.samples + self.global_micro > len(self.dataset):
+            self.epoch, self.samples = self.epoch + 1, 0
+        perm = self._permutation()
+        out = []
+        for i in range(self.accum):
+            slot = self.dist.rank * self.accum + i
+            start = self.samples + slot * self.mbs
+            rows = [self.dataset[j] for j in perm[start:start + self.mbs]]
+            index = (self.epoch * len(self.dataset) + start) // self.mbs  # global micro-batch index
+            out.append((collate(rows, pad_id=self.pad_id), torch.Generator().manual_seed(self.seed * 1_000_003 + index)))
+        self.samples += self.global_micro
+        return out
 
     @property
     def position(self) -> dict:
-        return {"epoch": self.epoch, "offset": self.offset}
+        return {"epoch": self.epoch, "samples": self.samples}
 
     def restore(self, position: dict) -> None:
-        self.epoch, self.offset = position["epoch"], position["offset"]
+        self.epoch, self.samples = position["epoch"], position["samples"]

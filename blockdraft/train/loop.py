@@ -14,7 +14,7 @@ from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, special_token_ids
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
-from blockdraft.train.data_loading import MicroBatches, ensure_builtin_data, load_split
+from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from blockdraft.train.logger import MetricsLogger, summarize
 from blockdraft.train.optim import build_optimizer, build_scheduler
@@ -70,8 +70,7 @@ class Trainer:
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.batches = MicroBatches(self.train_data, cfg.train.micro_batch_size, pad, self.dist, cfg.seed, cfg.train.num_workers)
-        self.generator = torch.Generator().manual_seed(cfg.seed * 1000 + self.dist.rank)
+        self.batches = GlobalBatches(self.train_data, cfg.train.micro_batch_size, cfg.train.grad_accum, pad, self.dist, cfg.seed)
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -101,7 +100,6 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "data_position": self.batches.position,
-            "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "world_size": self.dist.world_size,
         }
@@ -121,8 +119,6 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.batches.restore(state["data_position"])
-        if state.get("world_size") == self.dist.world_size:
-            self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.step = state["step"]
         if self.dist.is_main:
@@ -136,10 +132,9 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
         self.logger = MetricsLogger(self.run_dir, self.dist.is_main, cfg.wandb, OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)),
                                     cfg.train.max_steps, self.step, cfg.train.progress)
-        data = iter(self.batches)
         window, window_start = None, time.perf_counter()
         while self.step < cfg.train.max_steps:
-            sums = self._optimizer_step(data)
+            sums = self._optimizer_step()
             self.step += 1
             window = sums if window is None else {k: window[k] + sums[k] for k in sums}
             if self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps:
@@ -162,17 +157,17 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _optimizer_step(self, data) -> dict:
+    def _optimizer_step(self) -> dict:
         cfg = self.cfg
         self.model.train()
         totals = None
-        for micro in range(cfg.train.grad_accum):
-            batch = {k: v.to(self.device) for k, v in next(data).items()}
+        for micro, (batch, generator) in enumerate(self.batches.next_step()):
+            batch = {k: v.to(self.device) for k, v in batch.items()}
             last = micro == cfg.train.grad_accum - 1
             sync = self.model.no_sync() if (self.dist.enabled and not last) else contextlib.nullcontext()
             started = time.perf_counter()
             with sync, self._autocast():
-                result = train_step(self.model, self.target, batch, cfg.train, self.generator, self.backend)
+                result = train_step(self.model, self.target, batch, cfg.train, generator, self.backend)
                 (result.loss / cfg.train.grad_accum).backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

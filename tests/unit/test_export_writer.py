@@ -155,3 +155,13 @@ def _env():
     import os
 
     return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_unknown_dtype_and_missing_checkpoint_are_refused_by_name(tmp_path):
+    make_run(tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"dtype='int8' is not supported; use one of"):
+        export_draft(tmp_path / "run", tmp_path / "out", dtype="int8")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"checkpoint=.*empty is neither a checkpoint"):
+        export_draft(tmp_path / "empty", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,356 @@
+"""Regenerate a training set and a held-out set with the target: the `regen.yaml` app.
+
+    python -m blockdraft.data.regen target=<HF dir> out=<dir> [prompts=sharegpt|tiny_prompts|<file.jsonl>]
+        [num_train=1000] [num_heldout=64] [max_tokens=192] [temperature=0.0] [backend=auto|vllm|transformers]
+
+(`python -m blockdraft.data.regen_app ...` is the same command.) Writes, under `out`:
+  train.jsonl, heldout.jsonl   rows ordered by prompt index; the held-out prompts are a
+                               disjoint range, never trained on
+  parts/<split>/NNNNN.jsonl    shards written as rows finish; a rerun resumes from them
+  regen.json                   the generation settings and, per split, rows, tokens, tokens/s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.errors import ConfigError, DataError
+
+PROMPT_SETS = ("sharegpt", "tiny_prompts")
+BACKENDS = ("auto", "vllm", "transformers")
+SPLITS = ("train", "heldout")
+MANIFEST = "regen.json"
+# The smoke-serve harness reads held-out ShareGPT prompts from here on; so does this app.
+SHAREGPT_HELD_OUT_SKIP = 10_000
+
+
+@dataclass
+class RegenConfig:
+    """Schema of `configs/regen.yaml`."""
+
+    target_dir: str = MISSING
+    """The target's local HF directory (`target=` works too on the command line)."""
+    out: str = MISSING
+    """Output directory: train.jsonl, heldout.jsonl, parts/, regen.json."""
+    prompts: str = "sharegpt"
+    """sharegpt (the installed package) | tiny_prompts | a JSONL file of `messages`/`conversations` rows."""
+    num_train: int = 1000
+    """Training conversations to generate."""
+    num_heldout: int = 64
+    """Held-out conversations (for validation and serving checks; never trained on)."""
+    train_skip: int = 0
+    """Prompts of the set skipped before the training ones."""
+    heldout_skip: Optional[int] = None
+    """Prompts skipped before the held-out ones; null = 10000 for sharegpt (the serve harness's held-out range), else right after the training prompts."""
+    max_turns: int = 1
+    """User turns answered per conversation: 1 drops everything after the first user turn; more rolls the conversation out, each reply the target's own."""
+    max_tokens: int = 192
+    """Most tokens per reply; a reply cut here ends its conversation."""
+    max_prompt_tokens: int = 384
+    """Prompts (templated) longer than this are skipped and counted; later turns stop when the context would exceed it."""
+    temperature: float = 0.0
+    """0 = greedy (what the demo serves); above 0 samples with a per-conversation seed."""
+    seed: int = 0
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra chat template variables; use what training and serving use."""
+    backend: str = "auto"
+    """auto (vLLM when the serving environment exists, else transformers) | vllm | transformers."""
+    workers: int = 16
+    """Conversations in flight at once (vLLM batches them); the transformers backend uses 1."""
+    shard_size: int = 256
+    """Prompt indices per shard file."""
+    vllm_python: Optional[str] = None
+    """The serving interpreter; null = <repo>/.venv-serve/bin/python."""
+    kv_cache_gib: int = 2
+    """vLLM on CPU: KV cache size in GiB."""
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 900.0
+    progress: bool = True
+
+    def validate(self) -> "RegenConfig":
+        if not (Path(self.target_dir) / "config.json").is_file():
+            raise ConfigError(
+                f"target_dir={self.target_dir!r} has no config.json; point it at the target's HF directory "
+                "(for SmolLM2: `python -m blockdraft.models.prepare_gguf` writes .cache/targets/smollm2-135m-instruct)"
+            )
+        if self.prompts not in PROMPT_SETS and not Path(self.prompts).is_file():
+            raise ConfigError(f"prompts={self.prompts!r} is neither a file nor one of {list(PROMPT_SETS)}; give a JSONL path or a set name")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend={self.backend!r}; use one of {list(BACKENDS)}")
+        for key in ("max_turns", "max_tokens", "max_prompt_tokens", "workers", "shard_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}={getattr(self, key)} must be 1 or more")
+        for key in ("num_train", "num_heldout", "train_skip"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}={getattr(self, key)} must be 0 or more")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature={self.temperature}: use 0 for greedy or a positive value to sample")
+        return self
+
+    def settings(self, backend: str) -> dict:
+        """What decides the rows' content: recorded in every row and checked on resume."""
+        return {
+            "backend": backend, "max_tokens": self.max_tokens, "temperature": self.temperature, "seed": self.seed,
+            "max_turns": self.max_turns, "max_prompt_tokens": self.max_prompt_tokens,
+            "chat_template_kwargs": dict(self.chat_template_kwargs), "prompts": self.prompts,
+        }
+
+
+# --- prompts ------------------------------------------------------------------------------
+@dataclass
+class PromptSplit:
+    conversations: List[List[dict]]
+    first_source_position: int  # 0-based position in the prompt set of the first one taken
+    end_source_position: int  # one past the last one read
+    skipped_long: List[int] = field(default_factory=list)  # source positions over max_prompt_tokens
+
+
+def source_conversations(spec: str, limit: int) -> List[List[dict]]:
+    """The set's conversations that open with a user question, in order, at most `limit`."""
+    from blockdraft.data.regen import turn_inputs
+
+    if spec == "tiny_prompts":
+        from blockdraft.data.builtin_prompts import tiny_prompts
+
+        return list(tiny_prompts(limit))
+    if spec == "sharegpt":
+        from blockdraft.data.sharegpt import iter_sharegpt_rows
+
+        rows = iter_sharegpt_rows()
+    else:
+        from blockdraft.data.rows import RejectReport, iter_jsonl_rows
+
+        rows = iter_jsonl_rows(spec, RejectReport(source=spec))
+    out = []
+    for row in rows:
+        if len(out) >= limit:
+            break
+        if turn_inputs(row.messages, 1):
+            out.append(row.messages)
+    return out
+
+
+def take_prompts(conversations: List[List[dict]], n: int, skip: int, fits) -> PromptSplit:
+    """`n` conversations from position `skip` on whose opening fits; those that do not are counted."""
+    split = PromptSplit([], skip, skip)
+    for position in range(skip, len(conversations)):
+        if len(split.conversations) >= n:
+            break
+        split.end_source_position = position + 1
+        if fits(conversations[position]):
+            split.conversations.append(conversations[position])
+        else:
+            split.skipped_long.append(position)
+    return split
+
+
+def plan_splits(cfg: RegenConfig, tokenizer) -> Dict[str, PromptSplit]:
+    """Training and held-out prompts, refused if their ranges overlap."""
+    from blockdraft.data.regen import turn_inputs
+    from blockdraft.data.regen_vllm import prompt_ids
+
+    def fits(conversation):
+        opening = turn_inputs(conversation, 1)[0]
+        return len(prompt_ids(tokenizer, opening, cfg.chat_template_kwargs)) <= cfg.max_prompt_tokens
+
+    heldout_skip = cfg.heldout_skip
+    # Generous: enough rows for the skipped-long prompts of both splits.
+    budget = 2 * (cfg.num_train + cfg.num_heldout) + cfg.train_skip + (heldout_skip or 0) + 64
+    if cfg.prompts == "sharegpt" and heldout_skip is None:
+        heldout_skip = SHAREGPT_HELD_OUT_SKIP
+        budget += heldout_skip
+    conversations = source_conversations(cfg.prompts, budget)
+    train = take_prompts(conversations, cfg.num_train, cfg.train_skip, fits)
+    if heldout_skip is None:
+        heldout_skip = train.end_source_position
+    check_disjoint(train, heldout_skip, cfg)
+    heldout = take_prompts(conversations, cfg.num_heldout, heldout_skip, fits)
+    for name, split, want in (("train", train, cfg.num_train), ("heldout", heldout, cfg.num_heldout)):
+        if len(split.conversations) < want:
+            print(f"[regen] note: {cfg.prompts} has only {len(split.conversations)} usable {name} prompts (asked {want})", file=sys.stderr)
+    return {"train": train, "heldout": heldout}
+
+
+def check_disjoint(train: PromptSplit, heldout_skip: int, cfg: RegenConfig) -> None:
+    if cfg.num_heldout and cfg.num_train and train.first_source_position < heldout_skip + cfg.num_heldout and heldout_skip < train.end_source_position:
+        raise ConfigError(
+            f"the training prompts (positions {train.first_source_position}..{train.end_source_position - 1} of {cfg.prompts}) "
+            f"overlap the held-out ones (from heldout_skip={heldout_skip}); lower num_train, or set heldout_skip to "
+            f"{train.end_source_position} or more"
+        )
+
+
+# --- resume bookkeeping -------------------------------------------------------------------
+def read_manifest(out: Path) -> dict:
+    path = out / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def check_resumable(manifest: dict, settings: dict, out: Path) -> None:
+    """Rows generated with other settings must not be mixed with new ones."""
+    old = manifest.get("settings")
+    if old is None or old == settings:
+        return
+    differing = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    raise ConfigError(
+        f"out={out} holds rows generated with other settings ({', '.join(f'{k}: was {a!r}, now {b!r}' for k, (a, b) in differing.items())}); "
+        "use another out=, or delete that directory to start over"
+    )
+
+
+def split_is_complete(manifest: dict, out: Path, name: str, wanted: int) -> bool:
+    record = manifest.get("splits", {}).get(name, {})
+    return bool(record.get("complete")) and record.get("prompts") == wanted and (out / f"{name}.jsonl").is_file()
+
+
+def write_manifest(out: Path, manifest: dict) -> None:
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, out / MANIFEST)
+
+
+# --- the run ------------------------------------------------------------------------------
+def resolve_backend(cfg: RegenConfig) -> str:
+    if cfg.backend != "auto":
+        return cfg.backend
+    from blockdraft.serve.config import DEFAULT_VLLM_PYTHON
+
+    python = Path(cfg.vllm_python) if cfg.vllm_python else DEFAULT_VLLM_PYTHON
+    if python.is_file():
+        return "vllm"
+    print(f"[regen] note: no serving environment at {python} (`make setup-serve` builds it); using the slower transformers backend")
+    return "transformers"
+
+
+def run_regen(cfg: RegenConfig) -> Path:
+    """Generate whatever the splits still miss; returns `out`."""
+    from transformers import AutoTokenizer
+
+    cfg.validate()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = Path(cfg.out)
+    backend = resolve_backend(cfg)
+    settings = cfg.settings(backend)
+    manifest = read_manifest(out)
+    check_resumable(manifest, settings, out)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target_dir)
+    splits = plan_splits(cfg, tokenizer)
+    pending = {k: s for k, s in splits.items() if not split_is_complete(manifest, out, k, len(s.conversations))}
+    for name in SPLITS:
+        if name not in pending:
+            print(f"[regen] {name}: already complete in {out / (name + '.jsonl')}; skipped")
+    if pending:
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = {"settings": settings, "splits": manifest.get("splits", {})}
+        with _reply_function(cfg, backend, tokenizer, out) as reply:
+            for name, split in pending.items():
+                manifest["splits"][name] = _run_split(cfg, name, split, reply, settings, out)
+                write_manifest(out, manifest)
+    return out
+
+
+def _run_split(cfg: RegenConfig, name: str, split: PromptSplit, reply, settings: dict, out: Path) -> dict:
+    from blockdraft.data.regen import ShardedRows, regenerate_rows
+
+    store = ShardedRows(out / "parts" / name, cfg.shard_size)
+    workers = cfg.workers if settings["backend"] == "vllm" else 1
+    stats = regenerate_rows(split.conversations, store, reply, settings, cfg.max_turns, workers, f"regenerate {name}", cfg.progress)
+    rows = store.merge(out / f"{name}.jsonl")
+    print(f"[regen] {name}: {rows} rows in {out / (name + '.jsonl')}; this run {stats.tokens} tokens in "
+          f"{stats.seconds:.0f} s ({stats.tokens_per_s:.0f} tokens/s), {stats.cut_at_max_tokens} replies cut at max_tokens")
+    return {
+        "prompts": len(split.conversations), "rows": rows, "complete": True,
+        "source_positions": [split.first_source_position, split.end_source_position],
+        "skipped_long_prompts": len(split.skipped_long),
+        "last_run": {**asdict(stats), "tokens_per_s": stats.tokens_per_s},
+    }
+
+
+class _reply_function:
+    """The backend's `reply`, with its server (vLLM) or model (transformers) held open."""
+
+    def __init__(self, cfg: RegenConfig, backend: str, tokenizer, out: Path):
+        self.cfg, self.backend, self.tokenizer, self.out = cfg, backend, tokenizer, out
+        self._server = None
+
+    def __enter__(self):
+        cfg = self.cfg
+        if self.backend == "transformers":
+            return _transformers_reply(cfg, self.tokenizer)
+        from blockdraft.data.regen_vllm import target_server, vllm_reply
+
+        python, device = _serving_python_and_device(cfg)
+        self._server = target_server(python, cfg.target_dir, self.out / "vllm_regen.log", device,
+                                     cfg.max_prompt_tokens + cfg.max_tokens, cfg.workers, cfg.kv_cache_gib, cfg.startup_timeout_s)
+        url = self._server.__enter__()
+        return vllm_reply(url, cfg.target_dir, self.tokenizer, cfg.max_tokens, cfg.max_prompt_tokens, cfg.temperature,
+                          cfg.chat_template_kwargs, cfg.seed, cfg.request_timeout_s)
+
+    def __exit__(self, *exc):
+        if self._server is not None:
+            return self._server.__exit__(*exc)
+        return False
+
+
+def _serving_python_and_device(cfg: RegenConfig):
+    from blockdraft.serve.config import DEFAULT_VLLM_PYTHON
+    from blockdraft.serve.vllm_probe import probe_vllm
+
+    python = Path(cfg.vllm_python).expanduser() if cfg.vllm_python else DEFAULT_VLLM_PYTHON
+    if not python.is_file():
+        raise ConfigError(f"vllm_python={str(python)!r} does not exist; run `make setup-serve`, or set backend=transformers")
+    architecture = json.loads((Path(cfg.target_dir) / "config.json").read_text()).get("architectures", ["?"])[0]
+    return python, probe_vllm(python, architecture).device
+
+
+def _transformers_reply(cfg: RegenConfig, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from blockdraft.data.regen import transformers_reply
+
+    model = AutoModelForCausalLM.from_pretrained(cfg.target_dir, dtype=torch.float32).eval()
+    return transformers_reply(model, tokenizer, cfg.max_tokens, cfg.max_prompt_tokens, cfg.temperature, cfg.chat_template_kwargs, cfg.seed)
+
+
+# --- the Hydra entry ----------------------------------------------------------------------
+register_schema("regen_schema", RegenConfig)  # at import, so tests can compose configs/regen.yaml
+
+
+def alias_target_argument(argv: List[str]) -> List[str]:
+    """`target=<dir>` -> `target_dir=<dir>`: `target` is a config group in configs/, so Hydra
+    would take the path for a group choice and fail."""
+    return ["target_dir=" + a[len("target="):] if a.startswith("target=") else a for a in argv]
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import OmegaConf
+
+    sys.argv = alias_target_argument(sys.argv)
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name="regen", version_base=None)
+    def app(conf) -> None:
+        from blockdraft.data.regen_vllm import RegenRequestError
+        from blockdraft.serve.server import ServerError
+
+        try:
+            print(f"[regen] done: {run_regen(OmegaConf.to_object(conf))}")
+        except (ConfigError, DataError, RegenRequestError, ServerError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The smoke-serve check: preflight -> baseline server -> draft server -> verdict and report.
+
+Both servers get the same target, arguments and token-id prompts; only the draft run
+adds `--speculative-config`. The servers run one after the other (one machine, one
+model in memory at a time), each stopped before the next starts. A DFlash2 draft that
+the serving vLLM cannot run goes to the reference engine instead, and the report says so.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from blockdraft.errors import ConfigError
+from blockdraft.serve.client import RequestError, complete, complete_all, read_spec_metrics
+from blockdraft.serve.config import ServeConfig
+from blockdraft.serve.preflight import Plan, plan_serving
+from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, load_prompts
+from blockdraft.serve.report import RunRecord, build_report, print_table, write_report
+from blockdraft.serve.server import ServerError, VllmServer
+
+WARM_UP_TOKENS = 8  # one short request first: lazy initialisation must not count as decoding time
+RUNNER_MARKERS = (("Using V2 Model Runner", "v2"), ("using the V1 model runner instead", "v1"))
+
+
+def say(message: str) -> None:
+    print(f"[serve] {message}", file=sys.stderr, flush=True)
+
+
+def run(cfg: ServeConfig) -> dict:
+    """The whole check; returns the report (also written to <out>/report.json and printed).
+
+    A refusal before launch raises ConfigError / DataError and writes nothing. Once
+    something runs, a report is always written, marked `incomplete` if the run stopped.
+    """
+    began = time.monotonic()
+    plan = plan_serving(cfg)
+    for warning in plan.warnings:
+        say(f"warning: {warning}")
+    record = _new_record(cfg, plan)
+    prompts = _prompts(cfg, record)
+    try:
+        if plan.engine == "reference":
+            say("REFERENCE ENGINE: this vLLM cannot run the DFlash2 draft; checking it with blockdraft.serve.engine")
+            from blockdraft.serve.reference_check import run_reference
+
+            run_reference(plan, prompts, cfg.max_tokens, cfg.ignore_eos, record)
+        else:
+            _run_vllm(cfg, plan, prompts, record)
+    except (ServerError, RequestError) as err:
+        record.error = str(err)
+        say(f"stopped: {err}")
+    except BaseException as err:  # Ctrl-C or a bug: the report still says how far it got
+        record.error = f"{type(err).__name__}: {err}"
+        _finish(cfg, record, began)
+        raise
+    return _finish(cfg, record, began)
+
+
+def _finish(cfg: ServeConfig, record: RunRecord, began: float) -> dict:
+    record.timings_s["total"] = time.monotonic() - began
+    report = build_report(record, cfg.min_acceptance_length, cfg.allow_near_ties)
+    path = write_report(report, cfg.out)
+    print_table(report)
+    say(f"report: {path}")
+    return report
+
+
+def _new_record(cfg: ServeConfig, plan: Plan) -> RunRecord:
+    settings = {
+        "draft": str(Path(cfg.draft_dir).resolve()),
+        "target": str(Path(cfg.target_dir).resolve()),
+        "draft_kind": plan.draft.kind,
+        "block_size": plan.draft.block_size,
+        "num_speculative_tokens": plan.num_speculative_tokens,
+        "prompts": cfg.prompts,
+        "max_tokens": cfg.max_tokens,
+        "min_acceptance_length": cfg.min_acceptance_length,
+    }
+    environment = {"vllm_version": plan.vllm.version, "device": plan.device, "runner": None}
+    return RunRecord(engine=plan.engine, settings=settings, environment=environment, warnings=list(plan.warnings))
+
+
+def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target_dir)
+    rows = load_prompts(cfg.prompts, cfg.num_prompts, cfg.prompts_skip)
+    budget = cfg.max_model_len - cfg.max_tokens
+    prompts, too_long = encode_prompts(rows, tokenizer, cfg.use_chat_template, budget, dict(cfg.chat_template_kwargs))
+    if too_long:
+        say(f"{len(too_long)} prompt(s) skipped: longer than max_model_len - max_tokens = {budget} tokens")
+    if not prompts:
+        raise ConfigError(
+            f"no prompt of prompts={cfg.prompts!r} fits in max_model_len - max_tokens = {budget} tokens "
+            f"({len(rows)} read); raise max_model_len or lower max_tokens."
+        )
+    record.sources = [p.source for p in prompts]
+    record.prompts_too_long = too_long
+    return prompts
+
+
+# --- the two vLLM runs ----------------------------------------------------------------
+def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record: RunRecord) -> None:
+    speculative = {
+        "method": "dflash",
+        "model": str(Path(cfg.draft_dir).resolve()),
+        "num_speculative_tokens": plan.num_speculative_tokens,
+    }
+    record.baseline = _serve_and_generate(cfg, plan, prompts, record, "baseline", None)
+    record.draft = _serve_and_generate(cfg, plan, prompts, record, "draft", speculative)
+    runner = runner_from_log(Path(cfg.out) / "vllm_draft.log")
+    record.environment["runner"] = runner
+    if plan.draft.kind == "dflash2" and runner != "v2":
+        record.extra_failures.append(
+            f"the DFlash2 draft was not served by vLLM's V2 model runner (log says: {runner or 'no runner line'}); "
+            "a fallback would serve it as plain DFlash. Serve on a GPU vLLM with Triton."
+        )
+
+
+def _serve_and_generate(cfg: ServeConfig, plan: Plan, prompts, record: RunRecord, phase: str, speculative: Optional[dict]):
+    model = str(Path(cfg.target_dir).resolve())
+    args, env = server_arguments(cfg, plan.device)
+    log_path = Path(cfg.out) / f"vllm_{phase}.log"
+    say(f"{phase}: starting vLLM (log: {log_path})")
+    log_path.unlink(missing_ok=True)
+    with VllmServer(
+        cfg.vllm_python_path(), model, log_path=log_path, speculative_config=speculative,
+        args=args, env=env, startup_timeout_s=cfg.startup_timeout_s,
+    ) as server:
+        record.timings_s[f"startup_{phase}"] = server.startup_s
+        say(f"{phase}: server up on {server.url} after {server.startup_s:.1f} s")
+        complete(server.url, model, prompts[0], min(WARM_UP_TOKENS, cfg.max_tokens), cfg.request_timeout_s)
+        before = read_spec_metrics(server.url) if speculative else None
+        began = time.perf_counter()
+        completions = complete_all(server.url, model, prompts, cfg.max_tokens, cfg.request_timeout_s, cfg.ignore_eos)
+        record.timings_s[f"generation_{phase}"] = time.perf_counter() - began
+        if speculative:
+            record.metrics = read_spec_metrics(server.url).minus(before)
+    say(f"{phase}: {len(completions)} prompts in {record.timings_s[f'generation_{phase}']:.1f} s; server stopped")
+    return completions
+
+
+def server_arguments(cfg: ServeConfig, device: str) -> tuple[list, dict]:
+    """(vLLM arguments, environment) shared by both runs; extra_vllm_args come last and win."""
+    args = ["--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs), "--seed", "0"]
+    env = {"HF_HUB_OFFLINE": "1"}  # the target is a local directory: never fall back to a download
+    if device == "cpu":
+        # vLLM on CPU: no CUDA graphs or compile, fp32 kernels, and a KV cache sized in GiB.
+        args += ["--enforce-eager", "--dtype", "float32"]
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+    return args + list(cfg.extra_vllm_args), env
+
+
+def runner_from_log(path: Path) -> Optional[str]:
+    """"v2" / "v1" from vLLM's own start-up lines; None when the log names neither."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for marker, runner in RUNNER_MARKERS:
+        if re.search(re.escape(marker), text):
+            return runner
+    return None

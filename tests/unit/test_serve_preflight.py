@@ -1,0 +1,170 @@
+"""Refusals before launch: a hand-made draft config.json against a tiny target on disk."""
+
+import json
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from blockdraft.errors import ConfigError
+from blockdraft.models.tiny_target import save_tiny_target
+from blockdraft.serve.config import ServeConfig
+from blockdraft.serve.preflight import (
+    anchor_clamp_warning,
+    check_against_target,
+    check_cpu_head_sizes,
+    check_fc_weight,
+    check_vllm_support,
+    choose_engine,
+    fc_in_features,
+    plan_serving,
+    read_draft,
+    read_target,
+    speculative_tokens,
+)
+from blockdraft.serve.vllm_probe import VllmInfo
+
+CPU_VLLM = VllmInfo(
+    version="0.32.0", device="cpu", has_triton=False, v2_runner_env=None,
+    dflash_archs=["DFlash2DraftModel", "DFlashDraftModel"], arch_known=True, arch_supports_eagle3=True,
+    anchor_clamp=False, cpu_head_sizes=[32, 64, 128],
+)
+GPU_VLLM = VllmInfo(**{**CPU_VLLM.__dict__, "device": "cuda", "has_triton": True, "cpu_head_sizes": []})
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    # 6 layers, hidden 64 (head_dim 16), vocab 268.
+    return save_tiny_target(tmp_path_factory.mktemp("serve") / "target")
+
+
+def write_draft(directory, arch="DFlashDraftModel", fc_in=128, **overrides):
+    config = {
+        "architectures": [arch], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 268, "target_hidden_size": 64,
+        "dflash_config": {"mask_token_id": 262, "target_layer_ids": [1, 3], "block_size": 4},
+    }
+    dflash = overrides.pop("dflash_config", {})
+    config.update(overrides)
+    config["dflash_config"].update(dflash)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file({"fc.weight": torch.zeros(64, fc_in)}, str(directory / "model.safetensors"))
+    return directory
+
+
+def refused(draft_dir, target_dir, match):
+    with pytest.raises(ConfigError, match=match):
+        draft = read_draft(draft_dir)
+        target = read_target(target_dir)
+        check_against_target(draft, target)
+        check_fc_weight(draft, target, fc_in_features(draft_dir))
+
+
+def test_a_matching_draft_passes(tmp_path, target_dir):
+    draft, target = read_draft(write_draft(tmp_path / "d")), read_target(target_dir)
+    check_against_target(draft, target)
+    check_fc_weight(draft, target, fc_in_features(tmp_path / "d"))
+    assert (draft.kind, draft.block_size, draft.target_layer_ids) == ("dflash", 4, [1, 3])
+
+
+def test_a_training_name_is_refused_with_the_vllm_names(tmp_path, target_dir):
+    refused(write_draft(tmp_path / "d", arch="Qwen3DFlashDraftModel"), target_dir, r"DFlashDraftModel.*Re-export")
+
+
+def test_no_config_json_says_how_to_export(tmp_path, target_dir):
+    (tmp_path / "d").mkdir()
+    refused(tmp_path / "d", target_dir, "python -m blockdraft.export")
+
+
+def test_vocab_mismatch_names_both_sizes(tmp_path, target_dir):
+    refused(write_draft(tmp_path / "d", vocab_size=300), target_dir, "vocab_size=300 but the target has 268")
+
+
+def test_fc_width_from_config_must_match_the_target(tmp_path, target_dir):
+    refused(write_draft(tmp_path / "d", target_hidden_size=128), target_dir, "target_hidden_size=128.*hidden_size is 64")
+
+
+def test_fc_weight_must_take_n_layers_of_target_width(tmp_path, target_dir):
+    refused(write_draft(tmp_path / "d", fc_in=192), target_dir, r"fc.weight takes 192 inputs.*= 128")
+
+
+def test_layer_ids_beyond_the_target_are_refused(tmp_path, target_dir):
+    refused(write_draft(tmp_path / "d", dflash_config={"target_layer_ids": [1, 5]}), target_dir, r"within \[0, 4\]")
+
+
+def test_dflash2_needs_its_keys(tmp_path, target_dir):
+    refused(write_draft(tmp_path / "d", arch="DFlash2DraftModel"), target_dir, "dflash_config.conv_kernel_size")
+
+
+def test_num_speculative_tokens_defaults_to_block_minus_one_and_says_other_values():
+    assert speculative_tokens(None, 16) == (15, [])
+    assert speculative_tokens(15, 16) == (15, [])
+    k, [warning] = speculative_tokens(20, 16)
+    assert k == 20 and "above block_size - 1 = 15" in warning
+    k, [note] = speculative_tokens(7, 16)
+    assert k == 7 and "below" in note
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        speculative_tokens(None, None)
+
+
+def test_a_target_without_aux_hidden_states_is_named(tmp_path, target_dir):
+    draft, target = read_draft(write_draft(tmp_path / "d")), read_target(target_dir)
+    target.architecture = "GPT2LMHeadModel"
+    no_eagle3 = VllmInfo(**{**CPU_VLLM.__dict__, "arch_supports_eagle3": False})
+    with pytest.raises(ConfigError, match="'GPT2LMHeadModel' cannot expose the hidden states"):
+        check_vllm_support(no_eagle3, draft, target)
+    unknown = VllmInfo(**{**CPU_VLLM.__dict__, "arch_known": False})
+    with pytest.raises(ConfigError, match="not in vLLM 0.32.0's registry"):
+        check_vllm_support(unknown, draft, target)
+
+
+def test_dflash2_goes_to_the_reference_engine_on_cpu_and_to_vllm_on_gpu(tmp_path):
+    dflash2 = read_draft(write_draft(tmp_path / "d", arch="DFlash2DraftModel", dflash_config=dict(
+        conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=2)))
+    engine, [note] = choose_engine(dflash2, CPU_VLLM)
+    assert engine == "reference" and "reference engine" in note
+    assert choose_engine(dflash2, GPU_VLLM) == ("vllm", [])
+    forced_v1 = VllmInfo(**{**GPU_VLLM.__dict__, "v2_runner_env": "0"})
+    assert choose_engine(dflash2, forced_v1)[0] == "reference"
+    [warning] = anchor_clamp_warning(CPU_VLLM, dflash2)
+    assert "clamp(0, V - 1)" in warning
+    assert anchor_clamp_warning(VllmInfo(**{**CPU_VLLM.__dict__, "anchor_clamp": True}), dflash2) == []
+
+
+def test_cpu_attention_head_size_is_checked(tmp_path, target_dir):
+    draft, target = read_draft(write_draft(tmp_path / "d")), read_target(target_dir)
+    with pytest.raises(ConfigError, match="target_dir: head_dim=16 has no kernel"):
+        check_cpu_head_sizes(CPU_VLLM, draft, target)
+
+
+def test_plan_refuses_before_asking_vllm(tmp_path, target_dir):
+    def probe(*_args):
+        raise AssertionError("the serving vLLM must not be asked about a draft already refused")
+
+    cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d", vocab_size=300)), target_dir=str(target_dir),
+                      vllm_python=sys.executable)
+    with pytest.raises(ConfigError, match="vocab_size"):
+        plan_serving(cfg, probe=probe)
+
+
+def test_plan_for_a_dflash_draft_on_a_gpu_vllm(tmp_path, target_dir):
+    cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d")), target_dir=str(target_dir), vllm_python=sys.executable)
+    plan = plan_serving(cfg, probe=lambda *_: GPU_VLLM)
+    assert (plan.engine, plan.device, plan.num_speculative_tokens, plan.warnings) == ("vllm", "cuda", 3, [])
+
+
+def test_missing_serving_env_says_make_setup_serve(tmp_path, target_dir):
+    cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d")), target_dir=str(target_dir),
+                      vllm_python=str(tmp_path / "nope" / "python"))
+    with pytest.raises(ConfigError, match="make setup-serve"):
+        plan_serving(cfg, probe=lambda *_: GPU_VLLM)
+
+
+def test_device_mismatch_is_refused(tmp_path, target_dir):
+    cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d")), target_dir=str(target_dir),
+                      vllm_python=sys.executable, device="cuda")
+    with pytest.raises(ConfigError, match="device=cuda but the serving vLLM"):
+        plan_serving(cfg, probe=lambda *_: CPU_VLLM)

@@ -1,0 +1,102 @@
+import json
+
+import pytest
+
+from blockdraft.serve.client import Completion, SpecMetrics
+from blockdraft.serve.report import PLOT_NAME, REPORT_NAME, RunRecord, build_report, print_table, write_report
+from blockdraft.serve.verdict import acceptance, compare_outputs, first_difference, judge
+
+ACTIVE = SpecMetrics(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=12, accepted_per_position=[7, 4, 1])
+
+
+def c(index, ids, top=None, seconds=1.0):
+    return Completion(index, ids, seconds, "length", top or [])
+
+
+def test_identical_outputs_have_no_mismatch():
+    assert compare_outputs([c(0, [1, 2, 3])], [c(0, [1, 2, 3])], ["p0"]) == []
+
+
+def test_a_mismatch_names_prompt_position_and_tokens():
+    [m] = compare_outputs([c(0, [1, 2]), c(1, [5, 6, 7])], [c(0, [1, 2]), c(1, [5, 9, 7])], ["p0", "p1"])
+    assert (m.prompt_index, m.source, m.position, m.baseline_token, m.draft_token) == (1, "p1", 1, 6, 9)
+    assert m.near_tie == "unknown"  # no log-probabilities were returned
+    assert "prompt 1 (p1)" in m.describe() and "token 1" in m.describe()
+
+
+def test_near_tie_from_the_baseline_logprobs():
+    top = [{5: -0.1}, {6: -0.70, 9: -0.72}]
+    [m] = compare_outputs([c(0, [5, 6], top)], [c(0, [5, 9])], ["p"])
+    assert m.near_tie == "yes" and m.logprob_gap == pytest.approx(0.02)
+
+
+def test_clear_flip_is_not_a_near_tie():
+    top = [{6: -0.1, 9: -3.0}]
+    [m] = compare_outputs([c(0, [6], top)], [c(0, [9], top)], ["p"])
+    assert m.near_tie == "no" and m.logprob_gap == pytest.approx(2.9)
+
+
+def test_other_token_below_a_wide_top_list_is_not_a_near_tie():
+    [m] = compare_outputs([c(0, [6], [{6: -0.1, 4: -2.0}])], [c(0, [9])], ["p"])
+    assert m.near_tie == "no"
+
+
+def test_one_output_stopping_early_is_a_mismatch_at_its_end():
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+    [m] = compare_outputs([c(0, [1, 2, 3])], [c(0, [1, 2])], ["p"])
+    assert (m.position, m.baseline_token, m.draft_token) == (2, 3, None)
+
+
+def test_acceptance_length_and_per_position():
+    a = acceptance(ACTIVE)
+    assert a.mean_acceptance_length == pytest.approx(2.2)
+    assert a.acceptance_per_position == pytest.approx([0.7, 0.4, 0.1])
+    assert a.cumulative_acceptance_length == pytest.approx([1.7, 2.1, 2.2])
+
+
+def test_a_lossless_active_run_passes():
+    v = judge([], ACTIVE, min_acceptance_length=2.0)
+    assert v.passed and v.lossless and v.draft_active
+
+
+def test_failures_are_each_named():
+    mismatch = compare_outputs([c(0, [1])], [c(0, [2])], ["p"])
+    assert "not lossless" in judge(mismatch, ACTIVE).failures[0]
+    assert "no drafts were proposed" in judge([], SpecMetrics()).failures[0]
+    assert "not one token accepted" in judge([], SpecMetrics(5, 15, 0, [0, 0, 0])).failures[0]
+    assert "below min_acceptance_length=3" in judge([], ACTIVE, min_acceptance_length=3.0).failures[0]
+
+
+def test_near_ties_pass_only_when_allowed():
+    tie = compare_outputs([c(0, [6], [{6: -0.70, 9: -0.71}])], [c(0, [9])], ["p"])
+    assert not judge(tie, ACTIVE).passed
+    v = judge(tie, ACTIVE, allow_near_ties=True)
+    assert v.passed and not v.lossless
+
+
+def test_report_has_the_promised_keys_and_files(tmp_path):
+    record = RunRecord(sources=["p0"], baseline=[c(0, [1, 2], seconds=2.0)], draft=[c(0, [1, 2], seconds=1.0)], metrics=ACTIVE)
+    report = build_report(record)
+    for key in ("lossless", "draft_active", "mean_acceptance_length", "acceptance_per_position",
+                "tokens_per_s_baseline", "tokens_per_s_draft", "speedup", "engine", "incomplete"):
+        assert key in report
+    assert report["speedup"] == pytest.approx(2.0) and report["incomplete"] is False and report["passed"]
+    write_report(report, tmp_path)
+    assert json.loads((tmp_path / REPORT_NAME).read_text())["engine"] == "vllm"
+    assert (tmp_path / PLOT_NAME).stat().st_size > 0
+
+
+def test_a_stopped_run_is_reported_incomplete_and_failed(tmp_path, capsys):
+    record = RunRecord(sources=["p0"], baseline=[c(0, [1])], error="vLLM exited with code 1\nlog tail")
+    report = build_report(record)
+    assert report["incomplete"] and not report["passed"] and report["lossless"] is None
+    assert report["failures"] == ["incomplete: vLLM exited with code 1"]
+    write_report(report, tmp_path)
+    print_table(report)
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_reference_engine_is_said_plainly(capsys):
+    record = RunRecord(engine="reference", sources=["p0"], baseline=[c(0, [1])], draft=[c(0, [1])], metrics=ACTIVE)
+    print_table(build_report(record))
+    assert "REFERENCE engine" in capsys.readouterr().out

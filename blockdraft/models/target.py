@@ -40,8 +40,20 @@ def check_architecture(architectures: Optional[Sequence[str]]) -> str:
     return arch
 
 
+def load_causal_lm(path: str, dtype=torch.float32, device="cpu") -> nn.Module:
+    """The HF model of a local directory, its architecture checked before any weight is read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_architecture(getattr(AutoConfig.from_pretrained(path), "architectures", None))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+
+
 class TargetModel:
-    """A frozen causal LM with feature capture at `layer_ids`."""
+    """A frozen causal LM with feature capture at `layer_ids`.
+
+    Shard the model (FSDP) before wrapping it: the capture hooks must run after FSDP's own
+    post-forward hooks, which reshard a layer before an early stop leaves it.
+    """
 
     def __init__(self, model: nn.Module, layer_ids: Sequence[int]):
         check_architecture(getattr(model.config, "architectures", None) or [type(model).__name__])
@@ -59,12 +71,7 @@ class TargetModel:
 
     @classmethod
     def load(cls, path: str, layer_ids: Sequence[int], dtype=torch.float32, device="cpu") -> "TargetModel":
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.from_pretrained(path)
-        check_architecture(getattr(config, "architectures", None))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-        return cls(model, layer_ids)
+        return cls(load_causal_lm(path, dtype, device), layer_ids)
 
     # --- what the draft borrows -----------------------------------------------------
     @property

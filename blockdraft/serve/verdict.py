@@ -8,8 +8,8 @@ NEAR_TIE_GAP: different kernels (verification runs prefill kernels) can flip suc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
 
 from blockdraft.serve.client import Completion, SpecMetrics
 
@@ -55,9 +55,6 @@ class Verdict:
     @property
     def passed(self) -> bool:
         return not self.failures
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "passed": self.passed}
 
 
 # --- output equality ------------------------------------------------------------------
@@ -144,9 +141,3 @@ def tokens_per_second(completions: Sequence[Completion]) -> Optional[float]:
     seconds = sum(c.seconds for c in completions)
     return sum(len(c.token_ids) for c in completions) / seconds if seconds > 0 else None
 
-
-def summarize(completions: Sequence[Completion]) -> Dict[str, float]:
-    return {
-        "tokens": float(sum(len(c.token_ids) for c in completions)),
-        "seconds": sum(c.seconds for c in completions),
-    }

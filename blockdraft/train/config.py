@@ -73,6 +73,12 @@ class PrepareConfig:
 
 
 @dataclass
+class DistributedConfig:
+    target_sharding: str = "none"
+    """none (target replicated per rank) | fsdp (decoder layers sharded over the ranks)."""
+
+
+@dataclass
 class TrainAppConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
@@ -81,6 +87,7 @@ class TrainAppConfig:
     train: LoopConfig = field(default_factory=LoopConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     run_dir: str = MISSING
     """Everything of the run lands here: config.yaml, metrics.jsonl, checkpoints/."""
     resume: str = "never"

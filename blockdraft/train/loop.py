@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from blockdraft.models import build_draft
 from blockdraft.models.resolve import resolve_draft_config
-from blockdraft.models.target import TargetModel, special_token_ids
+from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split
@@ -20,6 +20,7 @@ from blockdraft.train.logger import MetricsLogger, summarize
 from blockdraft.train.optim import build_optimizer, build_scheduler
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype
 from blockdraft.train.step import train_step
+from blockdraft.train.target_sharding import shard_target
 
 
 def run_training(cfg) -> Path:
@@ -60,8 +61,10 @@ class Trainer:
         target_hf_cfg = AutoConfig.from_pretrained(cfg.target.path)
         # The draft is resolved (and every id checked) against the target's config before its weights load.
         self.draft_cfg = resolve_draft_config(cfg.draft, target_hf_cfg, special_token_ids(target_hf_cfg, self.tokenizer))
-        self.target = TargetModel.load(cfg.target.path, self.draft_cfg.target_layer_ids, torch.float32, self.device)
-        ensure_builtin_data(cfg, self.target.model, self.tokenizer, self.dist)
+        hf_model = load_causal_lm(cfg.target.path, torch.float32, self.device)
+        # Rank 0 answers a recipe's built-in prompts while the target is still whole.
+        ensure_builtin_data(cfg, hf_model, self.tokenizer, self.dist)
+        self.target = TargetModel(shard_target(hf_model, cfg.distributed.target_sharding, self.dist), self.draft_cfg.target_layer_ids)
         b = self.draft_cfg.block_size
         self.train_data = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist, b)
         self.val_data = load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist, b) if cfg.data.val else None

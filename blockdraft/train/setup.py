@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from blockdraft.errors import ConfigError
 from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.target_sharding import check_strategy
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
 
@@ -40,6 +41,7 @@ def check_config(cfg: TrainAppConfig) -> None:
         raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
     if cfg.target.tiny is None and not (Path(cfg.target.path) / "config.json").exists():
         raise ConfigError(f"target.path={cfg.target.path!r} has no config.json; give a local Hugging Face model directory.")
+    check_strategy(cfg.distributed.target_sharding)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
     if cfg.prepare.regenerate_builtin is None:

@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.layers import MLP, BlockAttention, RMSNorm, RotaryEmbedding
@@ -54,6 +55,7 @@ class DFlashDraftModel(nn.Module):
         self.layers = nn.ModuleList(self.layer_class(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.activation_checkpointing = False  # set by the trainer: recompute layers in backward
         self.apply(self._init_linear)
 
     @staticmethod
@@ -93,7 +95,10 @@ class DFlashDraftModel(nn.Module):
         cos, sin = self.rotary(block_position_ids, block_embeds.dtype)
         h = block_embeds
         for layer, kv in zip(self.layers, ctx_kv):
-            h = layer(h, cos, sin, kv, attn_mask, block_len)
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                h = checkpoint(layer, h, cos, sin, kv, attn_mask, block_len, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin, kv, attn_mask, block_len)
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:

@@ -104,11 +104,26 @@ class BlockAttention(nn.Module):
 
 def attend(q, k, v, attn_mask) -> torch.Tensor:
     """Non-causal GQA attention; `attn_mask` is a bool [N,1,Tq,Tk], a flex BlockMask, or None."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask
 
     if isinstance(attn_mask, BlockMask):
-        return flex_attention(q, k, v, block_mask=attn_mask, enable_gqa=True)
+        return _flex(q.is_cuda)(q, k, v, block_mask=attn_mask, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+_COMPILED_FLEX = None
+
+
+def _flex(cuda: bool):
+    """FlexAttention is only fast compiled (on CUDA); eager elsewhere, e.g. CPU tests."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not cuda:
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
 
 
 def sliding_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int]) -> Optional[torch.Tensor]:

@@ -65,7 +65,9 @@ def _padded(values: List[float], width: int) -> List[float]:
 
 
 # --- completions ----------------------------------------------------------------------
-def complete(url: str, model: str, prompt: EncodedPrompt, max_tokens: int, timeout_s: float, ignore_eos: bool = False) -> Completion:
+def complete(
+    url: str, model: str, prompt: EncodedPrompt, max_tokens: int, timeout_s: float, ignore_eos: bool = False
+) -> Completion:
     """One greedy completion of a token-id prompt, timed from request to full answer."""
     body = {
         "model": model,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from blockdraft.errors import ConfigError
-from blockdraft.serve.client import RequestError, complete, complete_all, read_spec_metrics
+from blockdraft.serve.client import Completion, RequestError, complete, complete_all, read_spec_metrics
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, load_prompts
@@ -121,7 +121,9 @@ def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record
         )
 
 
-def _serve_and_generate(cfg: ServeConfig, plan: Plan, prompts, record: RunRecord, phase: str, speculative: Optional[dict]):
+def _serve_and_generate(
+    cfg: ServeConfig, plan: Plan, prompts, record: RunRecord, phase: str, speculative: Optional[dict]
+) -> List[Completion]:
     model = str(Path(cfg.target_dir).resolve())
     args, env = server_arguments(cfg, plan.device)
     log_path = Path(cfg.out) / f"vllm_{phase}.log"
@@ -133,14 +135,26 @@ def _serve_and_generate(cfg: ServeConfig, plan: Plan, prompts, record: RunRecord
     ) as server:
         record.timings_s[f"startup_{phase}"] = server.startup_s
         say(f"{phase}: server up on {server.url} after {server.startup_s:.1f} s")
-        complete(server.url, model, prompts[0], min(WARM_UP_TOKENS, cfg.max_tokens), cfg.request_timeout_s)
-        before = read_spec_metrics(server.url) if speculative else None
-        began = time.perf_counter()
-        completions = complete_all(server.url, model, prompts, cfg.max_tokens, cfg.request_timeout_s, cfg.ignore_eos)
-        record.timings_s[f"generation_{phase}"] = time.perf_counter() - began
-        if speculative:
-            record.metrics = read_spec_metrics(server.url).minus(before)
+        try:
+            completions = _generate(cfg, server, model, prompts, record, phase, speculative is not None)
+        except RequestError as err:
+            state = "is still up" if server.alive() else "has exited"
+            raise ServerError(f"the {phase} run failed: {err}\nThe server {state}; {server.tail_message()}") from None
     say(f"{phase}: {len(completions)} prompts in {record.timings_s[f'generation_{phase}']:.1f} s; server stopped")
+    return completions
+
+
+def _generate(
+    cfg: ServeConfig, server: VllmServer, model: str, prompts, record: RunRecord, phase: str, speculative: bool
+) -> List[Completion]:
+    """A warm-up request, then every prompt timed; the draft run also reads the counters around it."""
+    complete(server.url, model, prompts[0], min(WARM_UP_TOKENS, cfg.max_tokens), cfg.request_timeout_s)
+    before = read_spec_metrics(server.url) if speculative else None
+    began = time.perf_counter()
+    completions = complete_all(server.url, model, prompts, cfg.max_tokens, cfg.request_timeout_s, cfg.ignore_eos)
+    record.timings_s[f"generation_{phase}"] = time.perf_counter() - began
+    if speculative:
+        record.metrics = read_spec_metrics(server.url).minus(before)
     return completions
 
 

@@ -95,7 +95,9 @@ def read_draft(directory: str | Path) -> DraftFacts:
     kind = DRAFT_KINDS[arch]
     missing = [k for k in DFLASH2_KEYS if kind == "dflash2" and k not in dflash]
     if missing:
-        raise ConfigError(f"{where}: a DFlash2 draft needs dflash_config.{missing[0]} (all of {list(DFLASH2_KEYS)}); re-export it.")
+        raise ConfigError(
+            f"{where}: a DFlash2 draft needs dflash_config.{missing[0]} (all of {list(DFLASH2_KEYS)}); re-export it."
+        )
     hidden = int(config["hidden_size"])
     return DraftFacts(
         directory=directory,
@@ -141,7 +143,10 @@ def check_against_target(draft: DraftFacts, target: TargetFacts) -> None:
             "shares the target's embedding and head, so it must be trained and exported for this target."
         )
     if not 0 <= draft.mask_token_id < target.vocab_size:
-        raise ConfigError(f"{where}: dflash_config.mask_token_id={draft.mask_token_id} is outside the target vocabulary [0, {target.vocab_size}).")
+        raise ConfigError(
+            f"{where}: dflash_config.mask_token_id={draft.mask_token_id} is outside the target vocabulary "
+            f"[0, {target.vocab_size}); the draft was trained for another target."
+        )
     ids, hi = draft.target_layer_ids, target.num_layers - 2
     if ids != sorted(set(ids)) or not all(0 <= i <= hi for i in ids):
         raise ConfigError(
@@ -151,7 +156,8 @@ def check_against_target(draft: DraftFacts, target: TargetFacts) -> None:
     if draft.target_hidden_size != target.hidden_size:
         raise ConfigError(
             f"{where}: target_hidden_size={draft.target_hidden_size} but the target's hidden_size is "
-            f"{target.hidden_size}; the draft's fc reads {len(ids)} target layers of that width. Use the target it was trained on."
+            f"{target.hidden_size}; the draft's fc reads {len(ids)} target layers of that width. "
+            "Use the target it was trained on."
         )
 
 
@@ -160,7 +166,9 @@ def check_fc_weight(draft: DraftFacts, target: TargetFacts, in_features: Optiona
     n = len(draft.target_layer_ids)
     expected = n * target.hidden_size
     if in_features is None:
-        raise ConfigError(f"{draft.directory}: the weights hold no 2-D fc.weight; re-export the draft with `python -m blockdraft.export`.")
+        raise ConfigError(
+            f"{draft.directory}: the weights hold no 2-D fc.weight; re-export the draft with `python -m blockdraft.export`."
+        )
     if in_features != expected:
         raise ConfigError(
             f"{draft.directory}: fc.weight takes {in_features} inputs, but {n} target layers "
@@ -195,7 +203,10 @@ def speculative_tokens(requested: Optional[int], block_size: Optional[int]) -> t
             f"num_speculative_tokens={requested} is above block_size - 1 = {block_size - 1}: slots past "
             "the trained block were never trained, so their acceptance will be near zero."
         ]
-    return requested, [f"num_speculative_tokens={requested} is below block_size - 1 = {block_size - 1} (allowed; the last slots are unused)."]
+    return requested, [
+        f"num_speculative_tokens={requested} is below block_size - 1 = {block_size - 1} "
+        "(allowed; the trained block's last slots go unused)."
+    ]
 
 
 def check_vllm_support(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -> None:

@@ -9,7 +9,7 @@ with the same report. This proves the export and the draft, not vLLM's serving o
 from __future__ import annotations
 
 import time
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.client import Completion, SpecMetrics
@@ -41,7 +41,9 @@ def eos_token_ids(target: TargetModel) -> List[int]:
     return sorted(set(ids))
 
 
-def run_reference(plan: Plan, prompts: Sequence[EncodedPrompt], max_tokens: int, ignore_eos: bool, record: RunRecord) -> None:
+def run_reference(
+    plan: Plan, prompts: Sequence[EncodedPrompt], max_tokens: int, ignore_eos: bool, record: RunRecord
+) -> None:
     """Fill `record` with both runs and the draft's counters; phase by phase, so a stop keeps what ran."""
     began = time.perf_counter()
     engine = load_engine(plan, ignore_eos)
@@ -57,7 +59,9 @@ def run_reference(plan: Plan, prompts: Sequence[EncodedPrompt], max_tokens: int,
     )
 
 
-def _generate(decode, prompts, max_tokens: int, record: RunRecord, phase: str, stats: DecodeStats | None = None) -> List[Completion]:
+def _generate(
+    decode, prompts, max_tokens: int, record: RunRecord, phase: str, stats: Optional[DecodeStats] = None
+) -> List[Completion]:
     out: List[Completion] = []
     for prompt in prompts:
         began = time.perf_counter()

@@ -55,7 +55,8 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
         report.update(_verdict(record, min_acceptance_length, allow_near_ties))
     else:
         why = record.error or "the run stopped before both runs finished"
-        report.update(lossless=None, draft_active=None, mean_acceptance_length=None, acceptance_per_position=[], passed=False)
+        report.update(lossless=None, draft_active=None, mean_acceptance_length=None, passed=False)
+        report["acceptance_per_position"] = []
         report["failures"] = [*record.extra_failures, f"incomplete: {(why.splitlines() or [why])[0]}"]
     return report
 

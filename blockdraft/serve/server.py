@@ -71,6 +71,7 @@ class VllmServer:
         self.port: Optional[int] = None
         self.startup_s: Optional[float] = None
         self.process: Optional[subprocess.Popen] = None
+        self._log_offset = 0  # where this launch's output starts in the (appended) log
 
     @property
     def url(self) -> str:
@@ -100,7 +101,7 @@ class VllmServer:
                     return
                 self.stop()
                 if self.fixed_port is not None or attempt == PORT_ATTEMPTS:
-                    raise ServerError(f"port {self.port} on {HOST} is taken; {self._tail_message()}")
+                    raise ServerError(f"port {self.port} on {HOST} is taken; {self.tail_message()}")
         except BaseException:
             self.stop()
             raise
@@ -112,6 +113,7 @@ class VllmServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(self.command(port))}\n".encode())
             log.flush()
+            self._log_offset = log.tell()
             self.process = subprocess.Popen(
                 self.command(port),
                 stdin=subprocess.DEVNULL,
@@ -119,7 +121,7 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,  # own process group: stop() reaches every child
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=_parent_death_signal(),
             )
         ready = self._wait_ready(began)
         if ready:
@@ -131,15 +133,15 @@ class VllmServer:
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:
-                if any(m in self.log_tail(80) for m in PORT_TAKEN_MARKERS):
+                if any(m in self._this_launch_output() for m in PORT_TAKEN_MARKERS):
                     return False
-                raise ServerError(f"vLLM exited with code {code} before it was ready; {self._tail_message()}")
+                raise ServerError(f"vLLM exited with code {code} before it was ready; {self.tail_message()}")
             if _healthy(self.url):
                 return True
             time.sleep(POLL_S)
         raise ServerStartTimeout(
             f"vLLM did not answer {self.url}/health within startup_timeout_s={self.startup_timeout_s:g} s; "
-            f"raise the timeout if start-up is just slow. {self._tail_message()}"
+            f"raise the timeout if start-up is just slow. {self.tail_message()}"
         )
 
     # --- stop -----------------------------------------------------------------------
@@ -165,8 +167,17 @@ class VllmServer:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def _tail_message(self) -> str:
+    def tail_message(self) -> str:
         return f"full log: {self.log_path}\n--- last lines ---\n{self.log_tail()}"
+
+    def _this_launch_output(self) -> str:
+        # An earlier attempt's "Address already in use" must not be read as this one's.
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
 
 def _healthy(url: str) -> bool:
@@ -221,13 +232,21 @@ def _stat_fields(path: Path) -> Optional[List[str]]:
     return text[text.rfind(")") + 2 :].split()  # the command may hold spaces and parentheses
 
 
-def _die_with_parent() -> None:
-    # If this harness is killed outright (SIGKILL, OOM), the server gets SIGTERM instead of
-    # being orphaned; vLLM then takes its own workers down.
+def _parent_death_signal():
+    """A preexec_fn asking Linux to SIGTERM the server when this harness dies outright (SIGKILL,
+    OOM), so it is not orphaned; vLLM then takes its own workers down. None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
     import ctypes
 
-    PR_SET_PDEATHSIG = 1
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+        # Resolved here, in the parent: after fork only the call itself runs (no dlopen, no locks).
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    PR_SET_PDEATHSIG = 1
+
+    def set_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return set_signal

@@ -67,9 +67,8 @@ def compare_outputs(
         position = first_difference(base.token_ids, spec.token_ids)
         if position is not None:
             tie, tie_gap = near_tie(base, spec, position, gap)
-            mismatches.append(
-                Mismatch(base.prompt_index, source, position, _at(base.token_ids, position), _at(spec.token_ids, position), tie, tie_gap)
-            )
+            ours, theirs = _at(base.token_ids, position), _at(spec.token_ids, position)
+            mismatches.append(Mismatch(base.prompt_index, source, position, ours, theirs, tie, tie_gap))
     return mismatches
 
 
@@ -124,7 +123,8 @@ def judge(
     active = accept.num_drafts > 0 and accept.num_accepted_tokens > 0
     failures = list(extra_failures)
     if not lossless and not (allow_near_ties and all(m.near_tie == "yes" for m in mismatches)):
-        failures.append(f"not lossless: {len(mismatches)} prompt(s) differ from the baseline; first: {mismatches[0].describe()}")
+        first = mismatches[0].describe()
+        failures.append(f"not lossless: {len(mismatches)} prompt(s) differ from the baseline; first: {first}")
     if accept.num_drafts <= 0:
         failures.append("draft not active: no drafts were proposed, so the draft was never used")
     elif accept.num_accepted_tokens <= 0:

@@ -70,6 +70,7 @@ class Trainer:
         self.val_data = load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist, b) if cfg.data.val else None
         torch.manual_seed(cfg.seed)
         self.draft = self._initial_draft().to(self.device)
+        self.draft.activation_checkpointing = cfg.train.activation_checkpointing
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

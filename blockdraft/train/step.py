@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.target import TargetModel
@@ -73,18 +74,18 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     labels = blocks.labels[sup]  # [M]
     weights = slot_weights(blocks.slot_weights_offset[sup], cfg.gamma)  # [M]
     lm_head = target.lm_head_weight
-    if cfg.loss_chunk_size and not isinstance(module, DFlash2DraftModel):
-        loss = chunked_block_cross_entropy(h_sup, lm_head, labels, weights, cfg.loss_chunk_size, _transform(module))
-        with torch.no_grad():
-            pred_sup = _chunked_argmax(module, h_sup, lm_head, cfg.loss_chunk_size)
-        logits = None
+    chunk = cfg.loss_chunk_size
+    if chunk:
+        loss = chunked_block_cross_entropy(h_sup, lm_head, labels, weights, chunk, _transform(module))
+        pred_sup, logits = _chunked_argmax(module, h_sup, lm_head, chunk), None
     else:
         logits = module.logits(h_sup, lm_head)  # [M, V]
         loss = block_cross_entropy(logits, labels, weights)
         pred_sup = logits.argmax(-1)
     sums = {"loss_sum": loss.detach() * 1.0, "micro_batches": torch.tensor(1.0), "time_target_s": torch.tensor(target_seconds)}
     if isinstance(module, DFlash2DraftModel):
-        loss, pred_sup = _add_selector_loss(module, cfg, logits, h_sup, blocks.predecessors[sup], labels, weights, loss, pred_sup, sums)
+        cand_ids, cand_logits = _candidates(module, h_sup, lm_head, logits, chunk)
+        loss, pred_sup = _add_selector_loss(module, cfg, cand_ids, cand_logits, h_sup, blocks.predecessors[sup], labels, weights, loss, pred_sup, sums)
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
@@ -112,9 +113,25 @@ def _chunked_argmax(module, hidden, lm_head, chunk: int) -> torch.Tensor:
     return torch.cat([module.logits(h, lm_head).argmax(-1) for h in hidden.split(chunk)])
 
 
-def _add_selector_loss(module, cfg: LoopConfig, logits, h_sup, predecessors, labels, weights, loss, base_pred, sums):
+def _candidates(module, hidden, lm_head, logits, chunk: int):
+    """Each slot's top-k tokens and their (differentiable) logits: [M, k] each.
+
+    Chunked, only k logits per slot are kept: the [chunk, V] block is recomputed in backward."""
+    k = module.config.selector_top_k
+    if not chunk:
+        return topk_candidates(logits, k)
+    with torch.no_grad():
+        ids = torch.cat([module.logits(h, lm_head).topk(k, dim=-1).indices for h in hidden.split(chunk)]) if len(hidden) else hidden.new_zeros(0, k, dtype=torch.long)
+
+    def gather(h, w, idx):
+        return module.logits(h, w).gather(-1, idx)
+
+    parts = [checkpoint(gather, h, lm_head, i, use_reentrant=False) for h, i in zip(hidden.split(chunk), ids.split(chunk))]
+    return ids, (torch.cat(parts) if parts else hidden.new_zeros(0, k))
+
+
+def _add_selector_loss(module, cfg: LoopConfig, cand_ids, cand_logits, h_sup, predecessors, labels, weights, loss, base_pred, sums):
     """DFlash2: CE of the pairwise selector over each slot's top-k, with true predecessors."""
-    cand_ids, cand_logits = topk_candidates(logits, module.config.selector_top_k)  # [M, k]
     scores = module.candidate_selector.score(h_sup, predecessors, cand_ids, cand_logits)  # [M, k]
     sel_loss, recall = selector_cross_entropy(scores, cand_ids, labels, weights)
     sel_pred = cand_ids.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)  # [M]

@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -189,8 +188,3 @@ def test_a_mismatching_draft_is_refused_before_launch(tmp_path, served_target):
 
 def test_group_members_reads_this_process_group():
     assert os.getpid() in group_members(os.getpgid(0)) or not Path("/proc").is_dir()
-
-
-def test_dedent_guard():
-    # The fake's source must be valid Python at the top level (no stray indentation).
-    compile(textwrap.dedent(FAKE_VLLM), "fake", "exec")

@@ -87,3 +87,36 @@ def test_chunked_loss_step_equals_unchunked(tiny_hf, tiny_target):
     chunked = train_step(draft, tiny_target, batch, dataclasses.replace(cfg, loss_chunk_size=7), torch.Generator().manual_seed(6))
     torch.testing.assert_close(full.loss, chunked.loss)
     torch.testing.assert_close(full.sums["accept_len_sum"], chunked.sums["accept_len_sum"])
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "dflash2")
+    batch = _batch()
+    cfg = LoopConfig(num_anchors=5, gamma=4.0)
+    grads = []
+    for on in (False, True):
+        draft.zero_grad()
+        draft.activation_checkpointing = on
+        train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(7)).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g)
+
+
+def test_chunked_dflash2_step_equals_unchunked(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "dflash2")
+    with torch.no_grad():
+        draft.candidate_selector.successor_codebook.normal_()
+    batch = _batch()
+    cfg = LoopConfig(num_anchors=5, gamma=4.0)
+    results, grads = [], []
+    for chunk in (0, 7):
+        draft.zero_grad()
+        r = train_step(draft, tiny_target, batch, dataclasses.replace(cfg, loss_chunk_size=chunk), torch.Generator().manual_seed(8))
+        r.loss.backward()
+        results.append(r)
+        grads.append({n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(results[0].loss, results[1].loss)
+    torch.testing.assert_close(results[0].sums["selector_correct"], results[1].sums["selector_correct"])
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from blockdraft.integrity import verify_checksums
 from blockdraft.models import build_draft
 from blockdraft.models.draft_config import DraftModelConfig
 
@@ -40,6 +41,7 @@ def load_draft_config(directory: str | Path) -> DraftModelConfig:
 def load_draft(directory: str | Path):
     """Rebuild a draft from a checkpoint directory; every tensor must match by name and shape."""
     directory = Path(directory)
+    verify_checksums(directory)
     draft = build_draft(load_draft_config(directory))
     state = load_file(str(directory / WEIGHTS_NAME))
     draft.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)

@@ -17,6 +17,7 @@ from typing import List, Optional
 import torch
 
 from blockdraft.errors import ConfigError
+from blockdraft.integrity import verify_checksums, write_checksums
 from blockdraft.models.io import load_draft_config, save_draft
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -45,6 +46,7 @@ def save_checkpoint(run_dir, step: int, draft, trainer_state: dict, config_yaml:
     save_draft(tmp, draft)
     torch.save(trainer_state, tmp / TRAINER_STATE)
     (tmp / "config.yaml").write_text(config_yaml)
+    write_checksums(tmp)
     _fsync_dir(tmp)
     if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
         shutil.rmtree(final)
@@ -73,6 +75,7 @@ def find_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
     if resume in ("auto", "must"):
         found = complete_checkpoints(run_dir)
         if found:
+            verify_checksums(found[-1])  # a corrupt file is named now, before the target loads
             return found[-1]
         if resume == "must":
             raise ConfigError(
@@ -83,6 +86,7 @@ def find_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
     path = Path(resume)
     if not (path / TRAINER_STATE).exists():
         raise ConfigError(f"resume={resume!r} is not a checkpoint directory (no {TRAINER_STATE}); give a checkpoints/step_<N> path, auto, must or never.")
+    verify_checksums(path)
     return path
 
 

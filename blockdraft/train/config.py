@@ -94,6 +94,8 @@ class TrainAppConfig:
     """Everything of the run lands here: config.yaml, metrics.jsonl, checkpoints/."""
     resume: str = "never"
     """never | auto (latest checkpoint if any) | must (fail if none) | a checkpoint path."""
+    overwrite: bool = False
+    """Start afresh in a run_dir that already holds a run (its metrics and checkpoints are deleted)."""
     init_from: Optional[str] = None
     """An exported or imported draft directory to start from."""
     seed: int = 0

@@ -53,18 +53,34 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def read_metrics(run_dir) -> list:
-    """All complete JSON lines of metrics.jsonl (a torn last line from a kill is skipped)."""
+def read_metrics(run_dir, report_torn: bool = False) -> list:
+    """All complete JSON lines of metrics.jsonl; a torn line (a kill mid-write) is skipped."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    rows = []
+    rows, torn = [], 0
     for line in path.read_text().splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            torn += 1
+    if torn and report_torn:
+        print(f"[metrics] {path}: skipped {torn} torn line(s)", flush=True)
     return rows
+
+
+def trim_metrics(run_dir, step: int) -> int:
+    """Keep the lines up to `step` (a resumed run rewrites what came after its checkpoint);
+    returns how many lines were dropped, torn ones included. Rewritten atomically."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    total = len(path.read_text().splitlines())
+    kept = [r for r in read_metrics(run_dir, report_torn=True) if r.get("step", 0) <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+    return total - len(kept)
 
 
 def summarize(sums: dict, world_tokens: Optional[float] = None) -> dict:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
-from blockdraft.train.logger import MetricsLogger, summarize
+from blockdraft.errors import ConfigError
+from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
+from blockdraft.train.run_lock import RunLock
 from blockdraft.train.optim import build_optimizer, build_scheduler
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype
 from blockdraft.train.step import train_step
@@ -28,7 +32,34 @@ def run_training(cfg) -> Path:
     schema: TrainAppConfig = OmegaConf.to_object(cfg)
     check_config(schema)
     dist = init_distributed()
-    return Trainer(schema, config_yaml(cfg), dist).fit()
+    lock = RunLock(schema.run_dir).acquire() if dist.is_main else None
+    try:
+        return Trainer(schema, config_yaml(cfg), dist).fit()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+class Preempted(Exception):
+    """SIGTERM arrived: a checkpoint of `step` was saved; rerun with resume=auto to go on."""
+
+    def __init__(self, step: int, run_dir: Path):
+        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint saved in {run_dir}/checkpoints; rerun with resume=auto")
+        self.step = step
+
+
+def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """A fresh run never silently mixes with (or deletes) an earlier run's files."""
+    old = [p for p in (run_dir / "metrics.jsonl", ckpt.checkpoints_dir(run_dir)) if p.exists()]
+    if not old:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"run_dir {run_dir} already holds a run ({', '.join(p.name for p in old)}); continue it with "
+            "resume=auto, pick another run_dir, or pass overwrite=true to delete it and start afresh."
+        )
+    for p in old:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def _load_tokenizer(path: str):
@@ -45,6 +76,9 @@ class Trainer:
         self.backend = resolve_backend(cfg.train.attention_backend, self.device)
         self.dtype = resolve_dtype(cfg.train.dtype, self.device)
         self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume)  # fails before any loading
+        if self.resume_from is None and dist.is_main:
+            claim_run_dir(self.run_dir, cfg.overwrite)
+        self.stop_requested = False
         self._build()
 
     # --- set-up -----------------------------------------------------------------------
@@ -126,7 +160,9 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.step = state["step"]
         if self.dist.is_main:
-            print(f"[resume] continuing from {path} at step {self.step}", flush=True)
+            dropped = trim_metrics(self.run_dir, self.step)
+            print(f"[resume] continuing from {path} at step {self.step}"
+                  + (f"; dropped {dropped} metrics line(s) written after it" if dropped else ""), flush=True)
 
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> Path:
@@ -137,6 +173,24 @@ class Trainer:
         self.logger = MetricsLogger(self.run_dir, self.dist.is_main, cfg.wandb, OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)),
                                     cfg.train.max_steps, self.step, cfg.train.progress)
         window, window_start = None, time.perf_counter()
+        previous_handler = signal.signal(signal.SIGTERM, self._request_stop)
+        try:
+            return self._loop(window, window_start)
+        finally:
+            signal.signal(signal.SIGTERM, previous_handler)
+            self.logger.close()
+
+    def _request_stop(self, *_):
+        # Schedulers send SIGTERM before preempting: finish the step, save, then leave.
+        self.stop_requested = True
+
+    def _stop_agreed(self) -> bool:
+        """Every rank stops at the same step if any of them was told to."""
+        flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
+        return bool(all_reduce_sum(flag).item() > 0)
+
+    def _loop(self, window, window_start) -> Path:
+        cfg = self.cfg
         while self.step < cfg.train.max_steps:
             sums = self._optimizer_step()
             self.step += 1
@@ -150,10 +204,12 @@ class Trainer:
                 self.validate()
             if cfg.train.save_every and self.step % cfg.train.save_every == 0:
                 self._save()
+            if self._stop_agreed():
+                self._save()
+                raise Preempted(self.step, self.run_dir)
         if self.val_data is not None:
             self.validate()
         self._save()
-        self.logger.close()
         return self.run_dir
 
     def _autocast(self):

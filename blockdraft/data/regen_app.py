@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -207,9 +206,11 @@ def check_resumable(manifest: dict, settings: dict, out: Path) -> None:
     )
 
 
-def split_is_complete(manifest: dict, out: Path, name: str, wanted: int) -> bool:
+def split_is_complete(manifest: dict, out: Path, name: str, split: PromptSplit) -> bool:
     record = manifest.get("splits", {}).get(name, {})
-    return bool(record.get("complete")) and record.get("prompts") == wanted and (out / f"{name}.jsonl").is_file()
+    same_prompts = record.get("prompts") == len(split.conversations) and record.get("source_positions") == [
+        split.first_source_position, split.end_source_position]
+    return bool(record.get("complete")) and same_prompts and (out / f"{name}.jsonl").is_file()
 
 
 def write_manifest(out: Path, manifest: dict) -> None:
@@ -244,7 +245,7 @@ def run_regen(cfg: RegenConfig) -> Path:
     check_resumable(manifest, settings, out)
     tokenizer = AutoTokenizer.from_pretrained(cfg.target_dir)
     splits = plan_splits(cfg, tokenizer)
-    pending = {k: s for k, s in splits.items() if not split_is_complete(manifest, out, k, len(s.conversations))}
+    pending = {k: s for k, s in splits.items() if not split_is_complete(manifest, out, k, s)}
     for name in SPLITS:
         if name not in pending:
             print(f"[regen] {name}: already complete in {out / (name + '.jsonl')}; skipped")
@@ -253,9 +254,30 @@ def run_regen(cfg: RegenConfig) -> Path:
         manifest = {"settings": settings, "splits": manifest.get("splits", {})}
         with _reply_function(cfg, backend, tokenizer, out) as reply:
             for name, split in pending.items():
+                forget_moved_split(manifest, out, name, split)
+                manifest["splits"][name] = {**_split_record(split), "complete": False}
+                write_manifest(out, manifest)
                 manifest["splits"][name] = _run_split(cfg, name, split, reply, settings, out)
                 write_manifest(out, manifest)
     return out
+
+
+def _split_record(split: PromptSplit) -> dict:
+    return {"prompts": len(split.conversations), "source_positions": [split.first_source_position, split.end_source_position],
+            "skipped_long_prompts": len(split.skipped_long)}
+
+
+def forget_moved_split(manifest: dict, out: Path, name: str, split: PromptSplit) -> None:
+    """Rows are resumed by their index within the split; if the split now starts at another
+    prompt (the held-out range follows a grown training range), those rows answer other prompts."""
+    import shutil
+
+    record = manifest.get("splits", {}).get(name)
+    if record and record.get("source_positions", [None])[0] != split.first_source_position:
+        print(f"[regen] {name}: its prompts now start at position {split.first_source_position} "
+              f"(was {record['source_positions'][0]}); its old rows are discarded")
+        shutil.rmtree(out / "parts" / name, ignore_errors=True)
+        (out / f"{name}.jsonl").unlink(missing_ok=True)
 
 
 def _run_split(cfg: RegenConfig, name: str, split: PromptSplit, reply, settings: dict, out: Path) -> dict:
@@ -267,12 +289,7 @@ def _run_split(cfg: RegenConfig, name: str, split: PromptSplit, reply, settings:
     rows = store.merge(out / f"{name}.jsonl")
     print(f"[regen] {name}: {rows} rows in {out / (name + '.jsonl')}; this run {stats.tokens} tokens in "
           f"{stats.seconds:.0f} s ({stats.tokens_per_s:.0f} tokens/s), {stats.cut_at_max_tokens} replies cut at max_tokens")
-    return {
-        "prompts": len(split.conversations), "rows": rows, "complete": True,
-        "source_positions": [split.first_source_position, split.end_source_position],
-        "skipped_long_prompts": len(split.skipped_long),
-        "last_run": {**asdict(stats), "tokens_per_s": stats.tokens_per_s},
-    }
+    return {**_split_record(split), "rows": rows, "complete": True, "last_run": {**asdict(stats), "tokens_per_s": stats.tokens_per_s}}
 
 
 class _reply_function:

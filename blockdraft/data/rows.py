@@ -49,7 +49,7 @@ UNREADABLE = frozenset(
 )
 
 FIXES = {
-    Reason.NOT_UTF8: "re-encode the file as UTF-8",
+    Reason.NOT_UTF8: "re-encode the file as UTF-8, with no lone surrogate escapes (\\ud800-\\udfff)",
     Reason.BAD_JSON: "write one complete JSON object per line",
     Reason.NOT_AN_OBJECT: "write each row as a JSON object with a `messages` list",
     Reason.NO_MESSAGES: "give the row a non-empty `messages` (or ShareGPT `conversations`) list",
@@ -186,19 +186,30 @@ def _normalize_message(message: Any, index: int, role_key: str, content_key: str
     # Thinking models keep their reasoning apart; the chat template decides how to render it.
     reasoning = message.get("reasoning_content")
     if isinstance(reasoning, str):
-        normalized["reasoning_content"] = reasoning
+        normalized["reasoning_content"] = _encodable(reasoning, where, "reasoning_content")
     return normalized
 
 
 def _text_of(content: Any, where: str, key: str) -> str:
     """Content as one string; OpenAI's list of `{type: text, text}` parts is joined."""
     if isinstance(content, str):
-        return content
+        return _encodable(content, where, key)
     if isinstance(content, list) and all(
         isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
     ):
-        return "".join(p["text"] for p in content)
+        return _encodable("".join(p["text"] for p in content), where, key)
     raise RowProblem(Reason.WRONG_TYPE, f"{where} `{key}` is a {type(content).__name__}, not a string")
+
+
+def _encodable(text: str, where: str, key: str) -> str:
+    # JSON may escape a lone surrogate (`\ud800`), which Python decodes into a str the
+    # tokenizer cannot encode: it would raise mid-tokenisation instead of counting the row.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        detail = f"{where} `{key}` holds a lone surrogate U+{ord(text[e.start]):04X} at character {e.start + 1}"
+        raise RowProblem(Reason.NOT_UTF8, detail) from None
+    return text
 
 
 def _keep_or_reject(
@@ -225,6 +236,10 @@ def _parse_jsonl_line(raw: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise RowProblem(Reason.BAD_JSON, f"{e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise RowProblem(Reason.BAD_JSON, "arrays or objects nested too deeply to read") from None
+    except ValueError as e:  # an integer literal past Python's digit limit
+        raise RowProblem(Reason.BAD_JSON, str(e)) from None
 
 
 def iter_jsonl_rows(

@@ -18,7 +18,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.serve.client import Completion, RequestError, complete, complete_all, read_spec_metrics
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import Plan, plan_serving
-from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, load_prompts
+from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.serve.report import RunRecord, build_report, print_table, write_report
 from blockdraft.serve.server import ServerError, VllmServer
 
@@ -53,8 +53,9 @@ def run(cfg: ServeConfig) -> dict:
     except (ServerError, RequestError) as err:
         record.error = str(err)
         say(f"stopped: {err}")
-    except BaseException as err:  # Ctrl-C or a bug: the report still says how far it got
-        record.error = f"{type(err).__name__}: {err}"
+    except BaseException as err:  # Ctrl-C, SIGTERM or a bug: the report still says how far it got
+        interrupted = isinstance(err, KeyboardInterrupt)
+        record.error = "interrupted (Ctrl-C or SIGTERM)" if interrupted else f"{type(err).__name__}: {err}"
         _finish(cfg, record, began)
         raise
     return _finish(cfg, record, began)
@@ -88,15 +89,16 @@ def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.target_dir)
-    rows = load_prompts(cfg.prompts, cfg.num_prompts, cfg.prompts_skip)
+    rows = iter_prompts(cfg.prompts, cfg.prompts_skip)
     budget = cfg.max_model_len - cfg.max_tokens
-    prompts, too_long = encode_prompts(rows, tokenizer, cfg.use_chat_template, budget, dict(cfg.chat_template_kwargs))
+    kwargs = dict(cfg.chat_template_kwargs)
+    prompts, too_long = encode_prompts(rows, tokenizer, cfg.use_chat_template, budget, kwargs, limit=cfg.num_prompts)
     if too_long:
         say(f"{len(too_long)} prompt(s) skipped: longer than max_model_len - max_tokens = {budget} tokens")
     if not prompts:
         raise ConfigError(
             f"no prompt of prompts={cfg.prompts!r} fits in max_model_len - max_tokens = {budget} tokens "
-            f"({len(rows)} read); raise max_model_len or lower max_tokens."
+            f"({len(too_long)} read); raise max_model_len or lower max_tokens."
         )
     record.sources = [p.source for p in prompts]
     record.prompts_too_long = too_long

@@ -8,14 +8,16 @@ reference engine, then see the same ids, so a mismatch can only come from decodi
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from blockdraft.errors import DataError
 
-# Training recipes take ShareGPT prompts from the start of the file (about 11k prompts);
-# the check reads from here on so that it measures prompts the draft never saw.
+# Training data regenerated from ShareGPT takes its prompts from the start of the file
+# (about 11k prompts in all); the check reads from here on, prompts the draft never saw.
 SHAREGPT_HELD_OUT_SKIP = 10_000
 
 # Short, fixed prompts for tests and tiny targets: no package or file needed.
@@ -47,23 +49,17 @@ class EncodedPrompt:
     token_ids: List[int]
 
 
-def load_prompts(spec: str, n: int, skip: Optional[int] = None) -> List[Prompt]:
-    """Up to `n` prompts of a built-in set (sharegpt | humaneval | tiny) or a JSONL file."""
+def iter_prompts(spec: str, skip: Optional[int] = None) -> Iterator[Prompt]:
+    """The prompts of a built-in set (sharegpt | humaneval | tiny) or a JSONL file, read lazily."""
     if spec == "sharegpt":
-        return _sharegpt(n, SHAREGPT_HELD_OUT_SKIP if skip is None else skip)
+        return _sharegpt(SHAREGPT_HELD_OUT_SKIP if skip is None else skip)
     rows = {"humaneval": _humaneval, "tiny": _tiny}.get(spec, lambda: _jsonl(Path(spec)))()
-    return _take(rows, n, skip or 0)
+    return islice(rows, skip or 0, None)
 
 
-def _take(rows: Iterator[Prompt], n: int, skip: int) -> List[Prompt]:
-    out: List[Prompt] = []
-    for i, row in enumerate(rows):
-        if i < skip:
-            continue
-        if len(out) >= n:
-            break
-        out.append(row)
-    return out
+def load_prompts(spec: str, n: int, skip: Optional[int] = None) -> List[Prompt]:
+    """Up to `n` prompts of a set, after `skip` (null = the set's default)."""
+    return list(islice(iter_prompts(spec, skip), n))
 
 
 def _tiny() -> Iterator[Prompt]:
@@ -71,10 +67,11 @@ def _tiny() -> Iterator[Prompt]:
         yield Prompt(source=f"tiny #{i}", messages=[{"role": "user", "content": text}])
 
 
-def _sharegpt(n: int, skip: int) -> List[Prompt]:
+def _sharegpt(skip: int) -> Iterator[Prompt]:
     from blockdraft.data.sharegpt import sharegpt_prompts
 
-    return [Prompt(source=f"ShareGPT row {row.line}", messages=row.messages) for row in sharegpt_prompts(n, skip=skip)]
+    for row in sharegpt_prompts(sys.maxsize, skip=skip):
+        yield Prompt(source=f"ShareGPT row {row.line}", messages=row.messages)
 
 
 def _humaneval() -> Iterator[Prompt]:
@@ -133,16 +130,23 @@ def _before_first_assistant(messages: List[Dict[str, str]]) -> List[Dict[str, st
 
 
 def encode_prompts(
-    prompts: List[Prompt],
+    prompts: Iterable[Prompt],
     tokenizer,
     use_chat_template: bool,
     max_prompt_tokens: int,
     chat_template_kwargs: Optional[Dict[str, Any]] = None,
+    limit: int = sys.maxsize,
 ) -> tuple[List[EncodedPrompt], List[str]]:
-    """-> (prompts that fit in max_prompt_tokens, the sources of those that did not)."""
+    """-> (up to `limit` prompts that fit in max_prompt_tokens, the sources of those that did not).
+
+    Prompts too long are set aside and the next ones read, so a set of long conversations
+    still yields `limit` prompts when it has them.
+    """
     kept: List[EncodedPrompt] = []
     too_long: List[str] = []
     for prompt in prompts:
+        if len(kept) >= limit:
+            break
         ids = _token_ids(prompt, tokenizer, use_chat_template, chat_template_kwargs or {})
         if len(ids) > max_prompt_tokens:
             too_long.append(prompt.source)

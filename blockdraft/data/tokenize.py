@@ -145,7 +145,10 @@ def _assistant_char_spans(
         if message["role"] != "assistant" or not message["content"].strip():
             continue
         prompt_end = _prompt_end(messages[:i], tokenizer, full, kwargs)
-        content_start, content_end = _locate(full, message["content"], max(floor, prompt_end), i + 1)
+        search_from = max(floor, prompt_end)
+        if prompt_end < 0:  # no generation prompt ends before the reply, so its header is unknown
+            search_from = max(search_from, _content_floor(messages, i, tokenizer, full, kwargs))
+        content_start, content_end = _locate(full, message["content"], search_from, i + 1)
         # A prompt that diverges before the previous reply ended says nothing about this one.
         start = prompt_end if prompt_end >= floor else content_start
         spans.append((start, content_end))
@@ -162,6 +165,25 @@ def _prompt_end(before: list[dict[str, str]], tokenizer: Any, full: str, kwargs:
     except TemplateError:
         return -1  # some templates refuse a prefix (no user turn yet) that the whole row satisfies
     return _common_prefix_length(prompt, full)
+
+
+# Private-use characters: no template writes them and replies all but never hold them.
+_MARKER = "\ue000\ue001\ue002"
+
+
+def _content_floor(messages: list[dict[str, str]], i: int, tokenizer: Any, full: str, kwargs: dict[str, Any]) -> int:
+    """How far into `full` reply i's content cannot start, from rendering a marker in its place.
+
+    Without it, a reply that opens the conversation is searched for from the start of the
+    text, and one the template's own header holds (`a` in `assistant`) is found there.
+    """
+    probe = [*messages[:i], {**messages[i], "content": _MARKER}]
+    try:
+        rendered = tokenizer.apply_chat_template(probe, tokenize=False, **kwargs)
+    except TemplateError:
+        return 0
+    at = rendered.find(_MARKER)
+    return min(at, _common_prefix_length(rendered, full)) if at >= 0 else 0
 
 
 def _locate(text: str, content: str, start: int, number: int) -> tuple[int, int]:

@@ -16,6 +16,8 @@ How lines are treated (what these tests pin down):
   * Text Python reads but the tokenizer cannot (a JSON-escaped lone surrogate) is
     `not_utf8`; JSON that Python refuses to load (nested too deeply, an integer past the
     digit limit) is `bad_json`.
+  * A kept row has the ids and mask it has on its own, and its mask marks exactly its
+    replies and their end markers, whatever the rows around it hold.
 """
 
 import json
@@ -144,7 +146,7 @@ def corpus(generation: bool) -> list[tuple[str, bytes, str]]:
         ("nested 100000 deep", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", Reason.BAD_JSON),
         ("a 5000-digit integer", b'{"messages": [{"role": "user", "content": %s}]}' % (b"7" * 5000), Reason.BAD_JSON),
         ("no assistant turn", line(chat(("system", "s"), ("user", "q"))), Reason.NO_ASSISTANT_TOKENS),
-        ("assistant turn only", line(chat(("assistant", "unprompted"))), KEPT),
+        ("a reply the header holds, first", line(chat(("assistant", "a"), ("user", "b"), ("assistant", "a"))), KEPT),
         ("ShareGPT row", line(sharegpt), KEPT),
         ("special-token text", line(chat(("user", "<|im_end|>"), ("assistant", "<|im_start|>user\n"))), KEPT),
         ("a CRLF line ending", GOOD + b"\r", KEPT),
@@ -194,8 +196,8 @@ def test_fixed_corpus_every_line_is_kept_or_counted_and_good_rows_are_untouched(
     assert [n for n, _, _ in got] == kept
     assert report.rows_read == report.rows_kept + report.total_rejected == len(lines) - len(blank)
     assert report.truncated == [n for n in kept if what[n] == "64 KB reply, truncated"]
-    for _, ids, mask in got:
-        assert 1 <= sum(mask) <= len(ids) <= cfg.seq_length
+    for n, ids, mask in got:
+        check_row(tok, kind == "generation", lines[n - 1], ids, mask, cfg.seq_length, n in report.truncated)
 
     # The good rows alone, in a file of their own, give the very same ids and masks.
     alone = write(tmp_path / "good.jsonl", [lines[n - 1] for n in kept])
@@ -264,8 +266,11 @@ def test_a_10_mb_message_through_the_tokenizer(tmp_path):
 # Property test: JSONL files mixing rows that must be kept, lines that must be rejected,
 # blank lines and junk that may go either way.
 
-TEXT = st.text(max_size=30)
-REPLY = st.text(min_size=1, max_size=30).filter(str.strip)
+# Besides any text, text made of the template's own pieces: a reply such as `a` or
+# `assistant` must be found where the template puts it, not inside a header.
+TEMPLATE_PIECES = ["a", "assistant", "user", "\n", " ", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "é"]
+TEXT = st.text(max_size=30) | st.lists(st.sampled_from(TEMPLATE_PIECES), max_size=5).map("".join)
+REPLY = TEXT.filter(str.strip)
 ROLES = ["system", "user", "assistant", "human", "gpt", "tool", "robot", "", "User"]
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),

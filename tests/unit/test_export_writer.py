@@ -46,7 +46,7 @@ def test_config_json_says_what_vllm_reads(tmp_path):
     _, draft = make_run(tmp_path / "run", "dflash2")
     config = json.loads((export_draft(tmp_path / "run", tmp_path / "out") / "config.json").read_text())
     assert config["architectures"] == ["DFlash2DraftModel"] and config["model_type"] == "qwen3"
-    assert config["head_dim"] == 16 and config["is_causal"] is False and config["tie_word_embeddings"] is False
+    assert config["head_dim"] == 32 and config["is_causal"] is False and config["tie_word_embeddings"] is False
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0} == {"rope_type": "default", "rope_theta": config["rope_theta"]}
     assert config["dflash_config"] == {
         "mask_token_id": 262, "target_layer_ids": [1, 3], "block_size": 4,

@@ -35,14 +35,14 @@ GPU_VLLM = VllmInfo(**{**CPU_VLLM.__dict__, "device": "cuda", "has_triton": True
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    # 6 layers, hidden 64 (head_dim 16), vocab 268.
+    # 6 layers, hidden 64 (2 heads of 32), vocab 268.
     return save_tiny_target(tmp_path_factory.mktemp("serve") / "target")
 
 
 def write_draft(directory, arch="DFlashDraftModel", fc_in=128, **overrides):
     config = {
         "architectures": [arch], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
         "vocab_size": 268, "target_hidden_size": 64,
         "dflash_config": {"mask_token_id": 262, "target_layer_ids": [1, 3], "block_size": 4},
     }
@@ -135,9 +135,17 @@ def test_dflash2_goes_to_the_reference_engine_on_cpu_and_to_vllm_on_gpu(tmp_path
 
 
 def test_cpu_attention_head_size_is_checked(tmp_path, target_dir):
-    draft, target = read_draft(write_draft(tmp_path / "d")), read_target(target_dir)
+    target = read_target(target_dir)
+    check_cpu_head_sizes(CPU_VLLM, read_draft(write_draft(tmp_path / "ok")), target)  # 32 has a kernel
+    small = read_draft(write_draft(tmp_path / "d", num_attention_heads=4, num_key_value_heads=2, head_dim=16))
+    with pytest.raises(ConfigError, match="draft_dir: head_dim=16 has no kernel"):
+        check_cpu_head_sizes(CPU_VLLM, small, target)
+    narrow = tmp_path / "target16"
+    narrow.mkdir()
+    config = json.loads((target_dir / "config.json").read_text())
+    (narrow / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4, "head_dim": 16}))
     with pytest.raises(ConfigError, match="target_dir: head_dim=16 has no kernel"):
-        check_cpu_head_sizes(CPU_VLLM, draft, target)
+        check_cpu_head_sizes(CPU_VLLM, read_draft(write_draft(tmp_path / "d2")), read_target(narrow))
 
 
 def test_plan_refuses_before_asking_vllm(tmp_path, target_dir):

@@ -37,6 +37,14 @@ test: setup setup-serve
 test-slow: setup setup-serve
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
+# The whole fault suite, every fault 3 times, then docs/reliability.md from its log.
+# (`make test` runs each fast fault once.)
+FAULT_LOG := .cache/faults.jsonl
+test-faults: setup setup-serve
+	mkdir -p .cache && rm -f $(FAULT_LOG)
+	BLOCKDRAFT_FAULT_LOG=$(FAULT_LOG) BLOCKDRAFT_FAULT_REPEAT=3 $(PY) -m pytest tests/faults -m "" $(PYTEST_ARGS)
+	$(PY) scripts/fault_report.py $(FAULT_LOG)
+
 demo: setup setup-serve
 	$(PY) -m blockdraft.demo
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes, is_dflash2_only
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
+from blockdraft.integrity import verify_checksums
 from blockdraft.models import build_draft
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import DRAFT_CONFIG_NAME
@@ -31,10 +32,17 @@ CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.succ
 def import_draft(directory: str | Path) -> Tuple[torch.nn.Module, DraftModelConfig]:
     """(fp32 draft module, its config) from `config.json` + safetensors (single or sharded)."""
     directory = Path(directory)
-    cfg = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME))
-    state = canonical_names(read_tensors(directory))
-    check_kind_consistency(state, cfg, directory)
-    check_state_dict(state, cfg, where=f"{directory}")
+    try:
+        cfg = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME))
+        state = canonical_names(read_tensors(directory))
+        check_kind_consistency(state, cfg, directory)
+        check_state_dict(state, cfg, where=f"{directory}")
+    except (ConfigError, ContractError):
+        raise  # these name the key or tensor at fault: more use than "the file changed"
+    except Exception:
+        verify_checksums(directory)  # a file that cannot be read: name it when the checksums can
+        raise
+    verify_checksums(directory)  # an export records them; a flipped bit passes every check above
     draft = build_draft(cfg)
     draft.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return draft, cfg

@@ -2,8 +2,9 @@
 
 Everything is written to `<out>.tmp`, checked there (the contract on the names and
 shapes as stored, then a reload through the importer comparing logits with the trained
-module), and only then renamed to `<out>`. A failed export leaves nothing half-written
-under `<out>`, deletes nothing that was there, and keeps what it wrote as `<out>.failed`.
+module), given checksums.json over every file (the importer verifies it), and only then
+renamed to `<out>`. A failed or killed export leaves nothing half-written under `<out>`,
+deletes nothing that was there, and keeps what it wrote as `<out>.failed` (or `<out>.tmp`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Dict, List, Optional
 import torch
 from safetensors.torch import save_file
 
+from blockdraft import faults
 from blockdraft.errors import ConfigError
+from blockdraft.integrity import write_checksums
 from blockdraft.export.contract import ContractError, check_state_dict
 from blockdraft.export.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, tensor_headers
 from blockdraft.export.model_card import model_card
@@ -62,14 +65,17 @@ def export_draft(
     staging = fresh_staging_dir(out)
     try:
         write_export(staging, draft, cfg, target_config, dtype, shard_size_bytes)
+        faults.point("export.after_weights")
         (staging / "README.md").write_text(model_card(cfg, source, out, _target_label(target_dir, source), dtype))
         result = verify_export(staging, draft, cfg, dtype)
         write_export_info(staging, source, dtype, target_dir, result)
+        write_checksums(staging)  # last: it covers every file above; the importer verifies them
     except Exception as err:
         failed = _keep_failed(staging, out)
         if isinstance(err, (ExportCheckError, ContractError, ConfigError)):
             raise ExportCheckError(f"{err}\nThe export was kept for inspection at {failed}; nothing under {out} changed.") from err
         raise
+    faults.point("export.before_rename")
     publish(staging, out)
     return out
 

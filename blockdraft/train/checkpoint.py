@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import torch
 
+from blockdraft import faults
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import verify_checksums, write_checksums
 from blockdraft.models.io import load_draft_config, save_draft
@@ -44,10 +45,12 @@ def save_checkpoint(run_dir, step: int, draft, trainer_state: dict, config_yaml:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_draft(tmp, draft)
+    faults.point("checkpoint.after_weights")
     torch.save(trainer_state, tmp / TRAINER_STATE)
     (tmp / "config.yaml").write_text(config_yaml)
     write_checksums(tmp)
     _fsync_dir(tmp)
+    faults.point("checkpoint.before_rename")
     if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
         shutil.rmtree(final)
     os.replace(tmp, final)

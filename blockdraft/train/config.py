@@ -94,6 +94,8 @@ class TrainAppConfig:
     """Everything of the run lands here: config.yaml, metrics.jsonl, checkpoints/."""
     resume: str = "never"
     """never | auto (latest checkpoint if any) | must (fail if none) | a checkpoint path."""
+    init_from_target: bool = False
+    """Start the draft's layers, final norm and fc from the target's last layers (see models/init_from_target.py)."""
     overwrite: bool = False
     """Start afresh in a run_dir that already holds a run (its metrics and checkpoints are deleted)."""
     init_from: Optional[str] = None

@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from blockdraft import faults
 from blockdraft.models import build_draft
+from blockdraft.models.init_from_target import init_draft_from_target
 from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
 from blockdraft.train import checkpoint as ckpt
@@ -48,10 +50,16 @@ class Preempted(Exception):
         self.step = step
 
 
-def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
+def claim_run_dir(run_dir: Path, overwrite: bool, resume: str = "never") -> None:
     """A fresh run never silently mixes with (or deletes) an earlier run's files."""
     old = [p for p in (run_dir / "metrics.jsonl", ckpt.checkpoints_dir(run_dir)) if p.exists()]
     if not old:
+        return
+    if resume == "auto" and not overwrite and not ckpt.complete_checkpoints(run_dir):
+        # A run killed before its first checkpoint: starting over is how it continues, and its
+        # metrics lines are of steps done again (as any resume drops the lines after its checkpoint).
+        dropped = trim_metrics(run_dir, 0)
+        print(f"[resume] no complete checkpoint in {run_dir}: starting at step 0; dropped {dropped} metrics line(s)", flush=True)
         return
     if not overwrite:
         raise ConfigError(
@@ -77,7 +85,7 @@ class Trainer:
         self.dtype = resolve_dtype(cfg.train.dtype, self.device)
         self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume)  # fails before any loading
         if self.resume_from is None and dist.is_main:
-            claim_run_dir(self.run_dir, cfg.overwrite)
+            claim_run_dir(self.run_dir, cfg.overwrite, cfg.resume)
         self.stop_requested = False
         self._build()
 
@@ -98,12 +106,12 @@ class Trainer:
         hf_model = load_causal_lm(cfg.target.path, torch.float32, self.device)
         # Rank 0 answers a recipe's built-in prompts while the target is still whole.
         ensure_builtin_data(cfg, hf_model, self.tokenizer, self.dist)
+        torch.manual_seed(cfg.seed)
+        self.draft = self._initial_draft(hf_model).to(self.device)  # before sharding: it may copy target layers
         self.target = TargetModel(shard_target(hf_model, cfg.distributed.target_sharding, self.dist), self.draft_cfg.target_layer_ids)
         b = self.draft_cfg.block_size
         self.train_data = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist, b)
         self.val_data = load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist, b) if cfg.data.val else None
-        torch.manual_seed(cfg.seed)
-        self.draft = self._initial_draft().to(self.device)
         self.draft.activation_checkpointing = cfg.train.activation_checkpointing
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
@@ -114,14 +122,19 @@ class Trainer:
             self._restore(self.resume_from)
         self.model = self._wrap(self.draft)
 
-    def _initial_draft(self):
+    def _initial_draft(self, hf_model):
         if self.cfg.init_from:
             from blockdraft.export.importer import import_draft
 
             draft, imported_cfg = import_draft(self.cfg.init_from)
             ckpt.check_same_identity(imported_cfg, self.draft_cfg, f"init_from={self.cfg.init_from}")
             return draft
-        return build_draft(self.draft_cfg)
+        draft = build_draft(self.draft_cfg)
+        if self.cfg.init_from_target:
+            copied = init_draft_from_target(draft, hf_model)
+            if self.dist.is_main:
+                print(f"[init] from the target: {', '.join(copied)}", flush=True)
+        return draft
 
     def _wrap(self, draft):
         if not self.dist.enabled:
@@ -205,6 +218,8 @@ class Trainer:
             if cfg.train.save_every and self.step % cfg.train.save_every == 0:
                 self._save()
             if self._stop_agreed():
+                if window is not None:  # the steps since the last line: no later run would log them
+                    self._log(window, time.perf_counter() - window_start)
                 self._save()
                 raise Preempted(self.step, self.run_dir)
         if self.val_data is not None:
@@ -237,6 +252,7 @@ class Trainer:
             sums["tokens"] = batch["attention_mask"].sum().float().cpu()
             totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
         totals = {k: all_reduce_sum(v.to(self.device)).cpu() for k, v in totals.items()}
+        faults.point("train.after_backward")  # gradients summed, weights not yet updated
         if totals["valid_anchors"] == 0:
             # No rank had a single valid anchor: skip the update on every rank together.
             self.optimizer.zero_grad(set_to_none=True)

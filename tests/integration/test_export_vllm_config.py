@@ -74,7 +74,7 @@ def test_vllm_parses_the_exported_configs(tmp_path):
     for name, out in exports.items():
         written, got = json.loads((out / "config.json").read_text()), parsed[str(out)]
         assert got["architectures"] == written["architectures"] and got["registered"], name
-        assert got["head_dim"] == written["head_dim"] == 16, name
+        assert got["head_dim"] == written["head_dim"] == 32, name
         assert got["rope_parameters"]["rope_theta"] == written["rope_theta"], name
         assert got["is_causal"] is False, name
         assert got["dflash_config"] == written["dflash_config"], name

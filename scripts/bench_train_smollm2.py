@@ -29,7 +29,9 @@ def run_training(args, run_dir: Path) -> List[dict]:
             f"data.train={args.train_rows}", "data.val=null", f"train.max_steps={args.steps}",
             f"train.log_every={args.log_every}", "train.save_every=0", "train.progress=false", *args.overrides]
     print("$", " ".join(argv), flush=True)
-    done = subprocess.run(argv, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    # As `make demo` trains: idle OpenMP threads sleep instead of spinning (see blockdraft/demo.py).
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(argv, cwd=REPO, env=env)
     if done.returncode != 0:
         sys.exit(f"training failed (exit {done.returncode})")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

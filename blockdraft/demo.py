@@ -40,7 +40,7 @@ class DemoSettings:
 
     work_dir: str = ".cache/demo"
     target_dir: str = ".cache/targets/smollm2-135m-instruct"
-    num_train: int = 1000  # the recipe's 300 steps x 4 rows see each row 1.2 times
+    num_train: int = 1000  # the recipe's 1200 steps of one row see each row 1.2 times
     num_heldout: int = 48
     max_tokens: int = 128
     max_prompt_tokens: int = 256

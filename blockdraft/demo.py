@@ -36,7 +36,7 @@ STAGES = ("target", "regen", "train", "export", "serve")
 
 @dataclass
 class DemoSettings:
-    """What the demo runs with; the defaults are the full demo (about 21 minutes on 2 CPU cores)."""
+    """What the demo runs with; the defaults are the full demo (about 22 minutes on 2 CPU cores)."""
 
     work_dir: str = ".cache/demo"
     target_dir: str = ".cache/targets/smollm2-135m-instruct"

@@ -7,7 +7,6 @@ import ast
 import hashlib
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from blockdraft.errors import ConfigError, DataError
 from blockdraft.export.importer import import_draft
 from blockdraft.export.writer import export_draft
 from blockdraft.serve.server import VllmServer
+from tests.fake_vllm import write_fake_python
 from tests.faults.conftest import MAX_STEPS, REPO
 from tests.integration.conftest import train_tiny
 
@@ -111,39 +111,20 @@ def test_a_damaged_export_is_named_when_loaded(fault, rep, tmp_path, checkpoint,
     assert not problems, "\n".join(problems)
 
 
-ARGV_FAKE = r'''
-import json, os, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-with open(os.environ["ARGV_FILE"], "w") as fh:
-    json.dump(sys.argv[1:], fh)
-
-class Health(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
-'''
-
 HOSTILE = "odd dir; touch PWNED1 && $(touch PWNED2) `touch PWNED3` 'q\" | cat"
 
 
 def test_paths_reach_vllm_as_argv_words_never_through_a_shell(rep, tmp_path, monkeypatch, record):
     monkeypatch.chdir(tmp_path)  # where a shell would have created PWNED*
-    script = tmp_path / "python"
-    script.write_text(f"#!{sys.executable}\n{ARGV_FAKE}")
-    script.chmod(0o755)
+    script = write_fake_python(tmp_path / "python")
     model, draft = tmp_path / HOSTILE / "target", tmp_path / HOSTILE / "draft"
-    monkeypatch.setenv("ARGV_FILE", str(tmp_path / "argv.json"))
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
     began = time.monotonic()
     with VllmServer(script, str(model), log_path=tmp_path / HOSTILE / "vllm.log", speculative_config={"model": str(draft)},
                     args=["--max-model-len", "64"], startup_timeout_s=60):
         pass
     seconds = time.monotonic() - began
-    argv = json.loads((tmp_path / "argv.json").read_text())
+    argv = json.loads((tmp_path / "argv").read_text().splitlines()[-1])
     problems = []
     if argv[argv.index("--model") + 1] != str(model) or json.loads(argv[argv.index("--speculative-config") + 1])["model"] != str(draft):
         problems.append(f"the paths did not arrive as single argv words: {argv}")

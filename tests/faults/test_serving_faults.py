@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve import harness
@@ -27,80 +25,10 @@ from blockdraft.serve import server as server_module
 from blockdraft.serve.config import DEFAULT_VLLM_PYTHON, ServeConfig
 from blockdraft.serve.preflight import plan_serving
 from blockdraft.serve.vllm_probe import VllmInfo
+from tests.fake_vllm import INFO_FIELDS, started_pids, write_fake_draft, write_fake_python
 from tests.faults.conftest import REPO
 
 psutil = pytest.importorskip("psutil")
-
-FAKE_VLLM = r'''
-import json, os, subprocess, sys, time
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-argv = sys.argv
-port = int(argv[argv.index("--port") + 1])
-limit = int(argv[argv.index("--max-model-len") + 1])
-phase = "DRAFT" if "--speculative-config" in argv else "BASELINE"
-env = os.environ
-# Like vLLM's engine core: a child in the server's process group that must not outlive it.
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-with open(env["FAKE_DIR"] + "/pids", "a") as fh:
-    fh.write(f"{os.getpid()} {child.pid}\n")
-with open(env["FAKE_DIR"] + "/argv", "a") as fh:
-    fh.write(json.dumps(argv) + "\n")
-print("fake vLLM starting", flush=True)
-if env.get("FAKE_HANG") == "1":
-    time.sleep(600)  # never answers /health
-die_after = int(env.get("FAKE_DIE_AFTER_" + phase) or 0)
-slow_s = float(env.get("FAKE_SLOW_S") or 0)
-counts = {"served": 0, "drafts": 0, "accepted": 0}
-
-class Api(BaseHTTPRequestHandler):
-    def _send(self, code, body, kind="application/json"):
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        if self.path == "/health":
-            return self._send(200, "")
-        lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counts["drafts"]}',
-                 f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {3 * counts["drafts"]}',
-                 f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counts["accepted"]}']
-        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {counts["accepted"] // 3}'
-                  for i in range(3)]
-        self._send(200, "\n".join(lines if phase == "DRAFT" else []) + "\n", "text/plain")
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt, n = body["prompt"], body["max_tokens"]
-        if die_after and counts["served"] >= die_after:
-            with open(env["FAKE_DIR"] + "/died", "w") as fh:
-                fh.write(str(time.time()))
-            print("fake vLLM: EngineCore died unexpectedly (fault injected)", flush=True)
-            os._exit(1)  # mid-request: the client's connection drops
-        counts["served"] += 1
-        if len(prompt) + n > limit:
-            msg = f"This model's maximum context length is {limit} tokens; the request has {len(prompt) + n}."
-            return self._send(400, json.dumps({"error": {"message": msg}}))
-        if slow_s:
-            open(env["FAKE_DIR"] + "/busy", "w").close()
-            time.sleep(slow_s)
-        ids = [(sum(prompt) + 7 * i) % 200 for i in range(n)]
-        top = [{f"token_id:{t}": -0.5, f"token_id:{(t + 1) % 200}": -0.9} for t in ids]
-        counts["drafts"] += n // 4
-        counts["accepted"] += 3 * (n // 8)
-        self._send(200, json.dumps({"choices": [{"token_ids": ids, "finish_reason": "length", "logprobs": {"top_logprobs": top}}]}))
-
-    def log_message(self, *args):
-        pass
-
-HTTPServer(("127.0.0.1", port), Api).serve_forever()
-'''
-
-FAKE_INFO = dict(version="fake", device="cpu", has_triton=False, v2_runner_env=None, dflash_archs=["DFlashDraftModel"],
-                 arch_known=True, arch_supports_eagle3=True, anchor_clamp=None, cpu_head_sizes=[])
 
 # The Ctrl-C / SIGTERM cases run the harness in a child, handled as blockdraft.serve's main does.
 DRIVER = r'''
@@ -131,26 +59,13 @@ def fake(tmp_path, target, monkeypatch):
     """(config for a fake-vLLM run, the fake's directory of pids and argv)."""
     fake_dir = tmp_path / "fake"
     fake_dir.mkdir()
-    script = fake_dir / "python"
-    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
-    script.chmod(0o755)
-    draft = tmp_path / "draft"
-    draft.mkdir()
-    (draft / "config.json").write_text(json.dumps({
-        "architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
-        "vocab_size": 268, "dflash_config": {"mask_token_id": 262, "target_layer_ids": [1, 3], "block_size": 4},
-    }))
-    save_file({"fc.weight": torch.zeros(64, 128)}, str(draft / "model.safetensors"))
-    monkeypatch.setattr(harness, "plan_serving", lambda cfg: plan_serving(cfg, probe=lambda *_: VllmInfo(**FAKE_INFO)))
+    script = write_fake_python(fake_dir / "python")
+    draft = write_fake_draft(tmp_path / "draft")
+    monkeypatch.setattr(harness, "plan_serving", lambda cfg: plan_serving(cfg, probe=lambda *_: VllmInfo(**INFO_FIELDS)))
     monkeypatch.setenv("FAKE_DIR", str(fake_dir))
     cfg = ServeConfig(draft_dir=str(draft), target_dir=str(target), vllm_python=str(script), out=str(tmp_path / "out"),
                       num_prompts=4, max_tokens=16, startup_timeout_s=60)
     return cfg, fake_dir
-
-
-def fake_pids(fake_dir: Path) -> list:
-    path = fake_dir / "pids"
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
 def left_running(pids) -> list:
@@ -166,7 +81,7 @@ def left_running(pids) -> list:
 
 
 def processes_check(fake_dir: Path) -> list:
-    started = fake_pids(fake_dir)
+    started = started_pids(fake_dir)
     problems = [f"server processes left running: {left_running(started)}"] if left_running(started) else []
     return problems + ([] if started else ["the fake server never started: the fault was not injected"])
 
@@ -226,7 +141,7 @@ def test_vllm_dying_mid_run_is_reported_with_its_log_tail(fake, rep, monkeypatch
 
 def test_vllm_that_never_becomes_healthy_times_out_and_stops(fake, rep, monkeypatch, record):
     cfg, fake_dir = fake
-    monkeypatch.setenv("FAKE_HANG", "1")
+    monkeypatch.setenv("FAKE_MODE", "hang")
     cfg.startup_timeout_s = 3
     began = time.monotonic()
     report = harness.run(cfg)
@@ -268,7 +183,7 @@ def test_an_interrupted_run_stops_its_servers(fault, fake, rep, record):
     cfg, fake_dir = fake
     env = {**os.environ, "FAKE_SLOW_S": "60", "PYTHONPATH": str(REPO)}
     fields = {k: getattr(cfg, k) for k in ("draft_dir", "target_dir", "vllm_python", "out", "num_prompts", "max_tokens", "startup_timeout_s")}
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fields), json.dumps(FAKE_INFO)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fields), json.dumps(INFO_FIELDS)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not (fake_dir / "busy").exists():  # a request is in flight: the moment to interrupt

@@ -8,7 +8,6 @@ seconds anywhere. Those marked `serve` run the real vLLM of .venv-serve.
 import json
 import os
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.serve import server as server_module
 from blockdraft.serve.config import DEFAULT_VLLM_PYTHON, ServeConfig
 from blockdraft.serve.server import ServerError, ServerStartTimeout, VllmServer, group_members
+from tests.fake_vllm import started_pids, write_fake_python
 
 psutil = pytest.importorskip("psutil")
 
@@ -24,57 +24,19 @@ needs_vllm = pytest.mark.skipif(
     not DEFAULT_VLLM_PYTHON.is_file(), reason=f"no serving env at {DEFAULT_VLLM_PYTHON}; run `make setup-serve`"
 )
 
-FAKE_VLLM = """\
-import os, signal, subprocess, sys, time
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-mode = os.environ["FAKE_MODE"]
-port = int(sys.argv[sys.argv.index("--port") + 1])
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-with open(os.environ["FAKE_CHILD_FILE"], "a") as fh:
-    fh.write(f"{child.pid}\\n")
-print("fake vLLM starting", flush=True)
-if mode == "crash":
-    print("fake vLLM: cannot load the model", flush=True)
-    sys.exit(3)
-if mode == "stubborn":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-if mode in ("hang", "stubborn"):
-    time.sleep(600)
-
-class Health(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-HTTPServer(("127.0.0.1", port), Health).serve_forever()
-"""
-
-
 @pytest.fixture
 def fake_vllm(tmp_path):
-    script = tmp_path / "fake_python"
-    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
-    script.chmod(0o755)
-    return script
+    return write_fake_python(tmp_path / "fake_python")
 
 
 def fake_server(script, tmp_path, mode, **kwargs):
-    env = {"FAKE_MODE": mode, "FAKE_CHILD_FILE": str(tmp_path / "children")}
+    env = {"FAKE_MODE": mode, "FAKE_DIR": str(tmp_path)}
     return VllmServer(script, "tiny", log_path=tmp_path / "server.log", env=env, **kwargs)
-
-
-def children_started(tmp_path):
-    path = tmp_path / "children"
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def assert_nothing_left(server_pid_group, tmp_path):
     assert group_members(server_pid_group) == []
-    for pid in children_started(tmp_path):
+    for pid in started_pids(tmp_path):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE] == []
 
@@ -98,7 +60,7 @@ def test_a_start_up_timeout_stops_everything(fake_vllm, tmp_path):
     with pytest.raises(ServerStartTimeout, match="startup_timeout_s=1.5"):
         with fake_server(fake_vllm, tmp_path, "hang", startup_timeout_s=1.5):
             pass
-    assert children_started(tmp_path)
+    assert started_pids(tmp_path)
     assert_nothing_left(-1, tmp_path)
 
 

@@ -10,85 +10,22 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve import harness
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import plan_serving
 from blockdraft.serve.vllm_probe import VllmInfo
+from tests.fake_vllm import INFO_FIELDS, write_fake_draft, write_fake_python
 
-FAKE_VLLM = """\
-import json, os, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-port = int(sys.argv[sys.argv.index("--port") + 1])
-speculative = "--speculative-config" in sys.argv
-flip = speculative and os.environ.get("FAKE_FLIP") == "1"
-counts = {"drafts": 0, "accepted": 0}
-
-class Api(BaseHTTPRequestHandler):
-    def _send(self, code, body, kind="application/json"):
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        if self.path == "/health":
-            return self._send(200, "")
-        lines = []
-        if speculative:
-            lines = [
-                f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counts["drafts"]}',
-                f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {3 * counts["drafts"]}',
-                f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counts["accepted"]}',
-            ] + [
-                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {counts["accepted"] // 3}'
-                for i in range(3)
-            ]
-        self._send(200, "\\n".join(lines) + "\\n", "text/plain")
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt, n = body["prompt"], body["max_tokens"]
-        ids = [(sum(prompt) + 7 * i) % 200 for i in range(n)]
-        top = [{f"token_id:{t}": -0.5, f"token_id:{(t + 1) % 200}": -0.51} for t in ids]
-        if flip and len(prompt) % 2 == 0 and n > 3:
-            ids[3] = (ids[3] + 1) % 200  # the runner-up: a near-tie by the baseline's numbers
-        counts["drafts"] += n // 4
-        counts["accepted"] += 3 * (n // 8)
-        choice = {"token_ids": ids, "finish_reason": "length", "logprobs": {"top_logprobs": top}}
-        self._send(200, json.dumps({"choices": [choice]}))
-
-    def log_message(self, *args):
-        pass
-
-HTTPServer(("127.0.0.1", port), Api).serve_forever()
-"""
-
-FAKE_INFO = VllmInfo(
-    version="fake", device="cpu", has_triton=False, v2_runner_env=None, dflash_archs=["DFlashDraftModel"],
-    arch_known=True, arch_supports_eagle3=True, anchor_clamp=None, cpu_head_sizes=[],
-)
+FAKE_INFO = VllmInfo(**INFO_FIELDS)
 
 
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
-    script = tmp_path / "fake_python"
-    script.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
-    script.chmod(0o755)
+    script = write_fake_python(tmp_path / "fake_python")
     target = save_tiny_target(tmp_path / "target")
-    draft = tmp_path / "draft"
-    draft.mkdir()
-    (draft / "config.json").write_text(json.dumps({
-        "architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
-        "vocab_size": 268, "dflash_config": {"mask_token_id": 262, "target_layer_ids": [1, 3], "block_size": 4},
-    }))
-    save_file({"fc.weight": torch.zeros(64, 128)}, str(draft / "model.safetensors"))
+    draft = write_fake_draft(tmp_path / "draft")
     monkeypatch.setattr(harness, "plan_serving", lambda cfg: plan_serving(cfg, probe=lambda *_: FAKE_INFO))
     return ServeConfig(draft_dir=str(draft), target_dir=str(target), vllm_python=str(script), out=str(tmp_path / "out"),
                        num_prompts=4, max_tokens=16, startup_timeout_s=30)

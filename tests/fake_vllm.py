@@ -1,0 +1,131 @@
+"""One fake vLLM server for the tests that exercise the harness and the server wrapper.
+
+It takes vLLM's command line, starts a child process in its own process group as vLLM's
+engine core does, answers /health, the completions API (deterministic ids from the prompt,
+enforcing --max-model-len when given) and, when started with --speculative-config, counts
+drafts in /metrics as vLLM does. Environment knobs pick the behaviour under test:
+
+    FAKE_DIR             where it records "<pid> <child pid>" (pids), its argv (argv, one JSON
+                         line per start) and the moments it died (died) or got busy (busy)
+    FAKE_MODE            serve (default) | crash (exits 3 at start) | hang (never healthy) |
+                         stubborn (ignores SIGTERM and never gets healthy)
+    FAKE_FLIP=1          with the draft: token 3 of even-length prompts becomes the runner-up
+    FAKE_DIE_AFTER_<BASELINE|DRAFT>=N   exits mid-request after N requests
+    FAKE_SLOW_S=S        each completion takes S seconds
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+SCRIPT = r'''
+import json, os, signal, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+argv = sys.argv
+env = os.environ
+port = int(argv[argv.index("--port") + 1])
+limit = int(argv[argv.index("--max-model-len") + 1]) if "--max-model-len" in argv else None
+phase = "DRAFT" if "--speculative-config" in argv else "BASELINE"
+mode = env.get("FAKE_MODE", "serve")
+record_dir = env.get("FAKE_DIR")
+# Like vLLM's engine core: a child in the server's process group that must not outlive it.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+if record_dir:
+    with open(record_dir + "/pids", "a") as fh:
+        fh.write(f"{os.getpid()} {child.pid}\n")
+    with open(record_dir + "/argv", "a") as fh:
+        fh.write(json.dumps(argv) + "\n")
+print("fake vLLM starting", flush=True)
+if mode == "crash":
+    print("fake vLLM: cannot load the model", flush=True)
+    sys.exit(3)
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode in ("hang", "stubborn"):
+    time.sleep(600)  # never answers /health
+flip = phase == "DRAFT" and env.get("FAKE_FLIP") == "1"
+die_after = int(env.get("FAKE_DIE_AFTER_" + phase) or 0)
+slow_s = float(env.get("FAKE_SLOW_S") or 0)
+counts = {"served": 0, "drafts": 0, "accepted": 0}
+
+class Api(BaseHTTPRequestHandler):
+    def _send(self, code, body, kind="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._send(200, "")
+        lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counts["drafts"]}',
+                 f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {3 * counts["drafts"]}',
+                 f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counts["accepted"]}']
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {counts["accepted"] // 3}'
+                  for i in range(3)]
+        self._send(200, "\n".join(lines if phase == "DRAFT" else []) + "\n", "text/plain")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt, n = body["prompt"], body["max_tokens"]
+        if die_after and counts["served"] >= die_after:
+            with open(record_dir + "/died", "w") as fh:
+                fh.write(str(time.time()))
+            print("fake vLLM: EngineCore died unexpectedly (fault injected)", flush=True)
+            os._exit(1)  # mid-request: the client's connection drops
+        counts["served"] += 1
+        if limit is not None and len(prompt) + n > limit:
+            msg = f"This model's maximum context length is {limit} tokens; the request has {len(prompt) + n}."
+            return self._send(400, json.dumps({"error": {"message": msg}}))
+        if slow_s:
+            open(record_dir + "/busy", "w").close()
+            time.sleep(slow_s)
+        ids = [(sum(prompt) + 7 * i) % 200 for i in range(n)]
+        top = [{f"token_id:{t}": -0.5, f"token_id:{(t + 1) % 200}": -0.51} for t in ids]
+        if flip and len(prompt) % 2 == 0 and n > 3:
+            ids[3] = (ids[3] + 1) % 200  # the runner-up: a near-tie by the baseline's numbers
+        counts["drafts"] += n // 4
+        counts["accepted"] += 3 * (n // 8)
+        self._send(200, json.dumps({"choices": [{"token_ids": ids, "finish_reason": "length", "logprobs": {"top_logprobs": top}}]}))
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", port), Api).serve_forever()
+'''
+
+# What the harness's vLLM probe would report of the fake: a CPU vLLM that knows DFlash.
+INFO_FIELDS = dict(version="fake", device="cpu", has_triton=False, v2_runner_env=None, dflash_archs=["DFlashDraftModel"],
+                   arch_known=True, arch_supports_eagle3=True, anchor_clamp=None, cpu_head_sizes=[])
+
+
+def write_fake_python(path: Path) -> Path:
+    """An executable standing in for the serving interpreter: it runs the fake whatever the module."""
+    path.write_text(f"#!{sys.executable}\n{SCRIPT}")
+    path.chmod(0o755)
+    return path
+
+
+def write_fake_draft(directory: Path) -> Path:
+    """The smallest DFlash export that the harness's preflight accepts for the tiny target."""
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        "vocab_size": 268, "dflash_config": {"mask_token_id": 262, "target_layer_ids": [1, 3], "block_size": 4},
+    }))
+    save_file({"fc.weight": torch.zeros(64, 128)}, str(directory / "model.safetensors"))
+    return directory
+
+
+def started_pids(record_dir: Path) -> list:
+    """Every (server, child) pid the fake recorded, flattened."""
+    path = record_dir / "pids"
+    return [int(p) for p in path.read_text().split()] if path.exists() else []

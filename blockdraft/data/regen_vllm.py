@@ -18,29 +18,17 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 from blockdraft.data.regen import Reply
+from blockdraft.serve.server import VllmServer, server_settings
 
 
 class RegenRequestError(RuntimeError):
     """A generation request failed; rows written so far stay, and a rerun resumes after them."""
 
 
-def server_settings(device: str, max_model_len: int, max_num_seqs: int, kv_cache_gib: int) -> tuple[List[str], dict]:
-    """vLLM arguments and environment for serving the target to many concurrent requests."""
-    args = ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), "--seed", "0"]
-    env = {"HF_HUB_OFFLINE": "1"}
-    if device == "cpu":
-        # No CUDA graphs or compilation on CPU; fp32 because CPU bf16 kernels are slower there.
-        args += ["--enforce-eager", "--dtype", "float32"]
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
-    return args, env
-
-
 @contextmanager
 def target_server(python, target_dir: str, log_path, device: str, max_model_len: int, max_num_seqs: int,
                   kv_cache_gib: int, startup_timeout_s: float) -> Iterator[str]:
     """The target served on loopback for the duration of the block; yields its URL."""
-    from blockdraft.serve.server import VllmServer
-
     args, env = server_settings(device, max_model_len, max_num_seqs, kv_cache_gib)
     server = VllmServer(python, target_dir, log_path=log_path, args=args, env=env, startup_timeout_s=startup_timeout_s)
     print(f"[regen] starting vLLM for {target_dir} (log: {log_path}) ...", flush=True)

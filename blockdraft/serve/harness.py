@@ -20,7 +20,7 @@ from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.serve.report import RunRecord, build_report, print_table, write_report
-from blockdraft.serve.server import ServerError, VllmServer
+from blockdraft.serve.server import ServerError, VllmServer, server_settings
 
 WARM_UP_TOKENS = 8  # one short request first: lazy initialisation must not count as decoding time
 RUNNER_MARKERS = (("Using V2 Model Runner", "v2"), ("using the V1 model runner instead", "v1"))
@@ -162,12 +162,7 @@ def _generate(
 
 def server_arguments(cfg: ServeConfig, device: str) -> tuple[list, dict]:
     """(vLLM arguments, environment) shared by both runs; extra_vllm_args come last and win."""
-    args = ["--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs), "--seed", "0"]
-    env = {"HF_HUB_OFFLINE": "1"}  # the target is a local directory: never fall back to a download
-    if device == "cpu":
-        # vLLM on CPU: no CUDA graphs or compile, fp32 kernels, and a KV cache sized in GiB.
-        args += ["--enforce-eager", "--dtype", "float32"]
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+    args, env = server_settings(device, cfg.max_model_len, cfg.max_num_seqs, cfg.kv_cache_gib)
     return args + list(cfg.extra_vllm_args), env
 
 

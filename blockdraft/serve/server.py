@@ -43,6 +43,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def server_settings(device: str, max_model_len: int, max_num_seqs: int, kv_cache_gib: int) -> tuple[List[str], dict]:
+    """vLLM arguments and environment shared by every server this project starts (harness, regeneration)."""
+    args = ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), "--seed", "0"]
+    env = {"HF_HUB_OFFLINE": "1"}  # the target is a local directory: never fall back to a download
+    if device == "cpu":
+        # No CUDA graphs or compilation on CPU; fp32 because CPU bf16 kernels are slower there;
+        # the KV cache is sized in GiB.
+        args += ["--enforce-eager", "--dtype", "float32"]
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    return args, env
+
+
 class VllmServer:
     """`with VllmServer(python, model, log_path=...) as server:` -> server.url, server.startup_s."""
 

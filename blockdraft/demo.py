@@ -234,7 +234,7 @@ def preflight(s: DemoSettings) -> None:
     """Missing packages or environments are named with the fix before any stage runs."""
     from blockdraft.data.sharegpt import sharegpt_path
     from blockdraft.models.prepare_gguf import find_gguf
-    from blockdraft.serve.config import DEFAULT_VLLM_PYTHON
+    from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 
     for key in ("num_train", "num_heldout", "max_tokens", "serve_prompts", "serve_max_tokens"):
         if getattr(s, key) < 1:

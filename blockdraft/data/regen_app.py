@@ -223,7 +223,7 @@ def write_manifest(out: Path, manifest: dict) -> None:
 def resolve_backend(cfg: RegenConfig) -> str:
     if cfg.backend != "auto":
         return cfg.backend
-    from blockdraft.serve.config import DEFAULT_VLLM_PYTHON
+    from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 
     python = Path(cfg.vllm_python) if cfg.vllm_python else DEFAULT_VLLM_PYTHON
     if python.is_file():
@@ -319,8 +319,8 @@ class _reply_function:
 
 
 def _serving_python_and_device(cfg: RegenConfig):
-    from blockdraft.serve.config import DEFAULT_VLLM_PYTHON
-    from blockdraft.serve.vllm_probe import probe_vllm
+    from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
+    from blockdraft.vllm_runtime.probe import probe_vllm
 
     python = Path(cfg.vllm_python).expanduser() if cfg.vllm_python else DEFAULT_VLLM_PYTHON
     if not python.is_file():
@@ -358,7 +358,7 @@ def main() -> None:
     @hydra.main(config_path=str(CONFIG_DIR), config_name="regen", version_base=None)
     def app(conf) -> None:
         from blockdraft.data.regen_vllm import RegenRequestError
-        from blockdraft.serve.server import ServerError
+        from blockdraft.vllm_runtime.server import ServerError
 
         try:
             print(f"[regen] done: {run_regen(OmegaConf.to_object(conf))}")

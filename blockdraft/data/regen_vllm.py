@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 from blockdraft.data.regen import Reply
-from blockdraft.serve.server import VllmServer, server_settings
+from blockdraft.vllm_runtime.server import VllmServer, server_settings
 
 
 class RegenRequestError(RuntimeError):

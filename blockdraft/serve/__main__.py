@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from blockdraft.config import CONFIG_DIR, register_schema
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.serve.config import ServeConfig
-from blockdraft.serve.vllm_probe import ProbeError
+from blockdraft.vllm_runtime.probe import ProbeError
 
 register_schema("serve_schema", ServeConfig)
 

@@ -13,9 +13,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from blockdraft.errors import ConfigError
+from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-serve" / "bin" / "python"
 BUILTIN_PROMPT_SETS = ("sharegpt", "humaneval", "tiny")
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -20,7 +20,7 @@ from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.serve.report import RunRecord, build_report, print_table, write_report
-from blockdraft.serve.server import ServerError, VllmServer, server_settings
+from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings
 
 WARM_UP_TOKENS = 8  # one short request first: lazy initialisation must not count as decoding time
 RUNNER_MARKERS = (("Using V2 Model Runner", "v2"), ("using the V1 model runner instead", "v1"))

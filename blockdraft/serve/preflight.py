@@ -2,7 +2,7 @@
 
 Two layers: `read_draft` / `check_against_target` read only config.json files and
 safetensors headers (pure, fast, unit-tested); `plan_serving` adds what the serving vLLM
-says it can do (`vllm_probe`) and decides between vLLM and the reference engine.
+says it can do (`blockdraft.vllm_runtime.probe`) and decides between vLLM and the reference engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import verify_checksums
 from blockdraft.serve.config import ServeConfig
-from blockdraft.serve.vllm_probe import VllmInfo, probe_vllm
+from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
 
 DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")

@@ -15,7 +15,7 @@ import pytest
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.export.importer import import_draft
 from blockdraft.export.writer import export_draft
-from blockdraft.serve.server import VllmServer
+from blockdraft.vllm_runtime.server import VllmServer
 from tests.fake_vllm import write_fake_python
 from tests.faults.conftest import MAX_STEPS, REPO
 from tests.integration.conftest import train_tiny

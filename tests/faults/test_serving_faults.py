@@ -21,10 +21,10 @@ import pytest
 
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve import harness
-from blockdraft.serve import server as server_module
+from blockdraft.vllm_runtime import server as server_module
 from blockdraft.serve.config import DEFAULT_VLLM_PYTHON, ServeConfig
 from blockdraft.serve.preflight import plan_serving
-from blockdraft.serve.vllm_probe import VllmInfo
+from blockdraft.vllm_runtime.probe import VllmInfo
 from tests.fake_vllm import INFO_FIELDS, started_pids, write_fake_draft, write_fake_python
 from tests.faults.conftest import REPO
 
@@ -37,7 +37,7 @@ from blockdraft.serve import harness
 from blockdraft.serve.__main__ import _terminate_as_interrupt
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import plan_serving
-from blockdraft.serve.vllm_probe import VllmInfo
+from blockdraft.vllm_runtime.probe import VllmInfo
 
 info = VllmInfo(**json.loads(sys.argv[2]))
 harness.plan_serving = lambda cfg: plan_serving(cfg, probe=lambda *_: info)

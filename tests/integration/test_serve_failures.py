@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from blockdraft.errors import ConfigError
-from blockdraft.serve import server as server_module
+from blockdraft.vllm_runtime import server as server_module
 from blockdraft.serve.config import DEFAULT_VLLM_PYTHON, ServeConfig
-from blockdraft.serve.server import ServerError, ServerStartTimeout, VllmServer, group_members
+from blockdraft.vllm_runtime.server import ServerError, ServerStartTimeout, VllmServer, group_members
 from tests.fake_vllm import started_pids, write_fake_python
 
 psutil = pytest.importorskip("psutil")

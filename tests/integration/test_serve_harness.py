@@ -15,7 +15,7 @@ from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve import harness
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import plan_serving
-from blockdraft.serve.vllm_probe import VllmInfo
+from blockdraft.vllm_runtime.probe import VllmInfo
 from tests.fake_vllm import INFO_FIELDS, write_fake_draft, write_fake_python
 
 FAKE_INFO = VllmInfo(**INFO_FIELDS)

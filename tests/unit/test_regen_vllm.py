@@ -10,7 +10,7 @@ from blockdraft.data.regen_vllm import (
     RegenRequestError, completion_body, parse_reply, prompt_ids, request_seed, vllm_reply,
 )
 from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
-from blockdraft.serve.server import server_settings
+from blockdraft.vllm_runtime.server import server_settings
 
 
 @pytest.fixture(scope="module")

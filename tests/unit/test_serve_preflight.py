@@ -23,7 +23,7 @@ from blockdraft.serve.preflight import (
     read_target,
     speculative_tokens,
 )
-from blockdraft.serve.vllm_probe import VllmInfo
+from blockdraft.vllm_runtime.probe import VllmInfo
 
 CPU_VLLM = VllmInfo(
     version="0.32.0", device="cpu", has_triton=False, v2_runner_env=None,

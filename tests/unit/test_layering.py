@@ -1,0 +1,32 @@
+"""The data flow stays one way: `data/` and `vllm_runtime/` never import `serve/`."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "blockdraft"
+
+
+def imported_modules(path: Path) -> set:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_data_and_vllm_runtime_do_not_import_serve():
+    offenders = {}
+    for folder in ("data", "vllm_runtime"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            bad = sorted(m for m in imported_modules(path) if m == "blockdraft.serve" or m.startswith("blockdraft.serve."))
+            if bad:
+                offenders[str(path.relative_to(PACKAGE))] = bad
+    assert not offenders, f"imports of serve/ below it: {offenders}"
+
+
+def test_vllm_runtime_imports_nothing_else_of_blockdraft():
+    for path in sorted((PACKAGE / "vllm_runtime").glob("*.py")):
+        inner = [m for m in imported_modules(path) if m.startswith("blockdraft") and not m.startswith("blockdraft.vllm_runtime")]
+        assert not inner, f"{path.name} imports {inner}"

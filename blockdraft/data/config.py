@@ -36,6 +36,9 @@ class DataConfig:
     """Where tokenised rows are cached; null means $BLOCKDRAFT_CACHE, else ~/.cache/blockdraft/tokenized."""
     max_rows: Optional[int] = None
     """Read at most this many usable rows from each file; null reads them all."""
+    features: Optional[str] = None
+    """A feature store (`python -m blockdraft.data.capture ... out=<dir>`) to train from instead of
+    running the target: its rows and target features replace data.train / data.val."""
 
     def resolved_cache_dir(self) -> Path:
         """The cache folder this config points at, with the environment default applied."""

@@ -83,10 +83,24 @@ class TokenizedDataset(Dataset):
             "document_lengths": self.document_lengths[first:last].clone(),
         }
 
+    def reply_tokens(self) -> torch.Tensor:
+        """Every supervised token id (for the draft vocabulary)."""
+        return self.documents.tokens[self.documents.loss_mask].long()
+
+    def reply_end_tokens(self) -> torch.Tensor:
+        """The last supervised token of every reply (end-of-turn tokens)."""
+        return reply_ends(self.documents.tokens.long(), self.documents.loss_mask)
+
     def source_lines(self, index: int) -> list[int]:
         """Source lines of the conversations in row `index`, to trace a row back to the file."""
         first, last = int(self.row_starts[index]), int(self.row_starts[index + 1])
         return self.documents.lines[first:last].tolist()
+
+
+def reply_ends(tokens: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Ids at positions where a supervised run ends (the next token is unsupervised or absent)."""
+    following = torch.cat([loss_mask[1:], loss_mask.new_zeros(1)])
+    return tokens[loss_mask & ~following]
 
 
 def pack_documents(lengths: list[int], seq_length: int) -> list[int]:
@@ -114,6 +128,8 @@ def collate(
     Returns `input_ids` (N, T) long, `loss_mask` (N, T) bool, `attention_mask` (N, T) bool
     (real tokens), `position_ids` (N, T) long restarting at 0 for each document, and
     `document_ids` (N, T) long numbering documents 0.. within a row, -1 on padding.
+    Items read from a feature store also carry `features` (L, F): padded with zeros to
+    `features` (N, T, F) float32.
     """
     longest = max((len(item["input_ids"]) for item in batch), default=0)
     width = longest if pad_to is None else pad_to
@@ -135,6 +151,10 @@ def collate(
         out["attention_mask"][row, :size] = True
         out["position_ids"][row, :size] = torch.cat([torch.arange(int(k)) for k in lengths])
         out["document_ids"][row, :size] = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    if batch and "features" in batch[0]:
+        out["features"] = torch.zeros((n, width, batch[0]["features"].shape[-1]), dtype=torch.float32)
+        for row, item in enumerate(batch):
+            out["features"][row, : len(item["features"])] = item["features"]
     return out
 
 

@@ -33,6 +33,10 @@ def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
             shapes.update(_conv_shapes(cfg, f"layers.{i}."))
     if cfg.kind == "dflash2":
         shapes.update(_selector_shapes(cfg))
+    if cfg.draft_vocab_size:
+        # vLLM's loader keeps `lm_head` unprefixed and renames `d2t` to draft_id_to_target_id.
+        shapes["lm_head.weight"] = (cfg.draft_vocab_size, h)
+        shapes["d2t"] = (cfg.draft_vocab_size,)
     return shapes
 
 

@@ -21,7 +21,7 @@ from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.integrity import verify_checksums
 from blockdraft.models import build_draft
 from blockdraft.models.draft_config import DraftModelConfig
-from blockdraft.models.io import DRAFT_CONFIG_NAME
+from blockdraft.models.io import DRAFT_CONFIG_NAME, as_fp32
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -37,6 +37,7 @@ def import_draft(directory: str | Path) -> Tuple[torch.nn.Module, DraftModelConf
         state = canonical_names(read_tensors(directory))
         check_kind_consistency(state, cfg, directory)
         check_state_dict(state, cfg, where=f"{directory}")
+        check_d2t(state, cfg, directory)
     except (ConfigError, ContractError):
         raise  # these name the key or tensor at fault: more use than "the file changed"
     except Exception:
@@ -44,7 +45,7 @@ def import_draft(directory: str | Path) -> Tuple[torch.nn.Module, DraftModelConf
         raise
     verify_checksums(directory)  # an export records them; a flipped bit passes every check above
     draft = build_draft(cfg)
-    draft.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    draft.load_state_dict(as_fp32(state), strict=True)
     return draft, cfg
 
 
@@ -146,6 +147,22 @@ def check_kind_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig
             f"{directory / CONFIG_NAME} declares a DFlash2 draft, but the weights lack its conv/selector "
             f"tensors: {_some(missing)}. vLLM would serve uninitialised memory in their place. "
             "Export the DFlash2 checkpoint these weights came from, or declare it DFlashDraftModel if it is one."
+        )
+
+
+def check_d2t(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:
+    """A reduced vocabulary's d2t must name distinct target ids inside the vocabulary, or vLLM
+    scatters draft logits onto the wrong (or the same) tokens."""
+    if not cfg.draft_vocab_size:
+        return
+    d2t = state["d2t"]
+    if d2t.is_floating_point():
+        raise ContractError(f"{directory}: d2t is {d2t.dtype}; vLLM reads it as int64 offsets. Re-export the draft.")
+    ids = torch.arange(len(d2t)) + d2t.long()
+    if ids.min() < 0 or ids.max() >= cfg.vocab_size or len(ids.unique()) != len(ids):
+        raise ContractError(
+            f"{directory}: d2t does not map the {len(d2t)} draft ids to distinct target ids in [0, {cfg.vocab_size}) "
+            "(d2t[i] is an offset: target id = i + d2t[i]). Re-export the draft from its checkpoint."
         )
 
 

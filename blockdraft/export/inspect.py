@@ -29,6 +29,8 @@ def describe(directory: str | Path) -> str:
         f"  kind: {cfg.kind} (architecture {architecture})",
         f"  shape: {shape_line(cfg)}",
         f"  target_layer_ids: {cfg.target_layer_ids}   mask_token_id: {cfg.mask_token_id}   block_size: {cfg.block_size}",
+        "  vocabulary: " + (f"reduced, {cfg.draft_vocab_size} of {cfg.vocab_size} target tokens (own lm_head.weight + d2t)"
+                            if cfg.draft_vocab_size else f"the target's full head ({cfg.vocab_size} tokens)"),
         f"  dtype: {', '.join(dtypes)}   tensors: {len(headers)} in {len(weight_files(weights_dir))} file(s)   "
         f"size on disk: {_human(_disk_size(directory))}",
         "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),

@@ -101,7 +101,7 @@ def run_probe(draft: nn.Module, probe: Probe) -> torch.Tensor:
     cfg = draft.config
     kv = draft.context_kv(probe.features, probe.context_positions)
     hidden = draft(draft.embed(probe.block_ids, probe.embed), probe.block_positions, kv, None, cfg.block_size)
-    logits = draft.logits(hidden, probe.lm_head)
+    logits = draft.draft_logits(hidden, probe.lm_head)  # a reduced vocabulary: its own head, no -inf fill
     if cfg.kind != "dflash2":
         return logits
     scores = draft.candidate_selector.score(hidden, probe.predecessor_ids, probe.candidate_ids, probe.candidate_logits)
@@ -111,14 +111,15 @@ def run_probe(draft: nn.Module, probe: Probe) -> torch.Tensor:
 def rounded_copy(draft: nn.Module, dtype: str) -> nn.Module:
     """The trained module as the export should hold it: weights through `dtype` and back to fp32."""
     twin = copy.deepcopy(draft).float().cpu()
-    twin.load_state_dict({k: v.to(DTYPES[dtype]).float() for k, v in draft.state_dict().items()})
+    twin.load_state_dict({k: v.to(DTYPES[dtype]).float() if v.is_floating_point() else v for k, v in draft.state_dict().items()})
     return twin
 
 
 def differing_keys(a: nn.Module, b: nn.Module) -> List[str]:
     sa, sb = a.state_dict(), b.state_dict()
     names = sorted(set(sa) | set(sb))
-    return [k for k in names if k not in sa or k not in sb or not torch.equal(sa[k].float(), sb[k].float())]
+    return [k for k in names if k not in sa or k not in sb or sa[k].dtype.is_floating_point != sb[k].dtype.is_floating_point
+            or not torch.equal(sa[k].float(), sb[k].float())]
 
 
 def reload_check(export_dir: str | Path, trained: nn.Module, dtype: str, lm_head_weight: Optional[torch.Tensor] = None) -> ReloadResult:

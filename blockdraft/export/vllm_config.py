@@ -55,6 +55,9 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
         "dtype": dtype,
     }
     out.update(_sliding_window_keys(cfg))
+    if cfg.draft_vocab_size:
+        # vLLM then builds the draft's own head of this size and reads `d2t` (draft id -> target id offset).
+        out["draft_vocab_size"] = cfg.draft_vocab_size
     out["dflash_config"] = _dflash_config(cfg)
     return out
 
@@ -150,6 +153,7 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
         max_position_embeddings=config.get("max_position_embeddings", 40960),
         hidden_act=config.get("hidden_act", "silu"),
         sliding_window=_sliding_window(config),
+        draft_vocab_size=_draft_vocab_size(config),
     )
     if kind == "dflash2":
         _read_dflash2(cfg, dflash, where)
@@ -170,6 +174,12 @@ def _block_size(config: Mapping, dflash: Mapping, where: str) -> int:
             "add the block size the draft was trained with (serving uses block_size - 1 speculative tokens)."
         )
     return int(value)
+
+
+def _draft_vocab_size(config: Mapping) -> Optional[int]:
+    # vLLM treats draft_vocab_size == vocab_size (or absent) as the full vocabulary.
+    n = config.get("draft_vocab_size")
+    return int(n) if n is not None and int(n) != int(config.get("vocab_size", -1)) else None
 
 
 def _rope_theta(config: Mapping) -> float:

@@ -54,6 +54,12 @@ class DFlashDraftModel(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(self.layer_class(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.draft_vocab_size:
+            # A reduced vocabulary: the draft's own head, the target's rows for the chosen tokens
+            # (frozen, set by `set_draft_vocab`), and d2t, the offset vLLM reads: draft id i is
+            # target id i + d2t[i].
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False).requires_grad_(False)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         self.activation_checkpointing = False  # set by the trainer: recompute layers in backward
         self.apply(self._init_linear)
@@ -101,9 +107,51 @@ class DFlashDraftModel(nn.Module):
                 h = layer(h, cos, sin, kv, attn_mask, block_len)
         return self.norm(h)
 
+    # --- heads --------------------------------------------------------------------
+    @property
+    def reduced_vocab(self) -> bool:
+        return bool(self.config.draft_vocab_size)
+
+    def head_weight(self, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """[V_draft, H]: the draft's own head when its vocabulary is reduced, else the target's."""
+        return self.lm_head.weight if self.reduced_vocab else lm_head_weight
+
+    def draft_logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """[..., V_draft] over the draft's own vocabulary (what training's loss is computed over)."""
+        return self.transform_logits(F.linear(hidden, self.head_weight(lm_head_weight)))
+
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """The target's head, then the target's own logit transform (identity for Qwen3)."""
-        return self.transform_logits(F.linear(hidden, lm_head_weight))
+        """[..., V] over the target's vocabulary, as vLLM computes them: the head, the target's own
+        logit transform (identity for Qwen3), and for a reduced vocabulary the draft's logits
+        scattered into a row of -inf."""
+        logits = self.draft_logits(hidden, lm_head_weight)
+        if not self.reduced_vocab:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        full[..., self.draft_token_ids()] = logits
+        return full
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """[V_draft] target id of each draft id."""
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.draft_token_ids()[draft_ids] if self.reduced_vocab else draft_ids
+
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft ids, -1 for a token outside a reduced vocabulary."""
+        if not self.reduced_vocab:
+            return target_ids
+        t2d = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        t2d[self.draft_token_ids()] = torch.arange(len(self.d2t), device=self.d2t.device)
+        return t2d[target_ids]
+
+    @torch.no_grad()
+    def set_draft_vocab(self, token_ids: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Take the target's head rows of `token_ids` (sorted, unique) as this draft's vocabulary."""
+        ids = token_ids.to(self.d2t.device, torch.long)
+        self.lm_head.weight.copy_(lm_head_weight[ids].to(self.lm_head.weight))
+        self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
 
     def transform_logits(self, logits: torch.Tensor) -> torch.Tensor:
         # Scale first, then softcap, as vLLM's DFlash2 candidate path does.

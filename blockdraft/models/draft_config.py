@@ -35,6 +35,8 @@ class DraftModelConfig:
     max_position_embeddings: int = 40960
     hidden_act: str = "silu"
     sliding_window: Optional[int] = None
+    draft_vocab_size: Optional[int] = None
+    """DFlash: the draft's own reduced vocabulary (null = the target's full head)."""
     # DFlash2 only.
     conv_kernel_size: int = 2
     conv_group_size: int = 1
@@ -64,7 +66,22 @@ class DraftModelConfig:
             )
         if self.kind == "dflash2":
             self._validate_dflash2()
+        if self.draft_vocab_size is not None:
+            self._validate_draft_vocab()
         return self
+
+    def _validate_draft_vocab(self) -> None:
+        n = self.draft_vocab_size
+        if self.kind != "dflash":
+            raise ConfigError(
+                f"draft.draft_vocab_size={n} with draft.kind={self.kind}: vLLM's DFlash2 takes its candidate "
+                "top-k from the target's full head; keep the full vocabulary (draft_vocab_size=null) or train dflash."
+            )
+        if not 1 <= n < self.vocab_size:
+            raise ConfigError(
+                f"draft.draft_vocab_size={n} must be in [1, {self.vocab_size}) (the target's vocabulary); "
+                "use null for the full vocabulary."
+            )
 
     def _validate_dflash2(self) -> None:
         if self.hidden_size % self.conv_group_size:

@@ -23,7 +23,8 @@ DRAFT_CONFIG_NAME = "draft_config.json"
 def draft_state_dict(draft, dtype: torch.dtype | None = None) -> dict:
     """The draft's tensors by vLLM name, contiguous (and cast when dtype is given)."""
     module = getattr(draft, "module", draft)  # unwrap DDP
-    return {k: (v.to(dtype) if dtype else v).detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    return {k: (v.to(dtype) if dtype and v.is_floating_point() else v).detach().contiguous().cpu()
+            for k, v in module.state_dict().items()}  # integer tables (d2t) keep their dtype
 
 
 def save_draft(directory: str | Path, draft, dtype: torch.dtype | None = None) -> None:
@@ -32,6 +33,11 @@ def save_draft(directory: str | Path, draft, dtype: torch.dtype | None = None) -
     module = getattr(draft, "module", draft)
     save_file(draft_state_dict(module, dtype), str(directory / WEIGHTS_NAME))
     (directory / DRAFT_CONFIG_NAME).write_text(json.dumps(module.config.to_dict(), indent=2))
+
+
+def as_fp32(state: dict) -> dict:
+    """Floating tensors in fp32 (how drafts are built); integer tables (d2t) as they are."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
 def load_draft_config(directory: str | Path) -> DraftModelConfig:
@@ -44,5 +50,5 @@ def load_draft(directory: str | Path):
     verify_checksums(directory)
     draft = build_draft(load_draft_config(directory))
     state = load_file(str(directory / WEIGHTS_NAME))
-    draft.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    draft.load_state_dict(as_fp32(state), strict=True)
     return draft

@@ -44,6 +44,8 @@ class DraftConfig:
     """DFlash2: rank of the pairwise selector codebooks."""
     selector_top_k: int = 8
     """DFlash2: candidates per slot the selector chooses among."""
+    draft_vocab_size: Optional[int] = None
+    """DFlash: a reduced head over the N most frequent reply tokens (null = the target's full head)."""
 
 
 def _rope_theta(target_config) -> float:
@@ -56,15 +58,20 @@ def _target_width(target_config, name: str, fallback=None):
     return value if value is not None else fallback
 
 
+def resolve_layer_ids(draft: DraftConfig, target_config) -> List[int]:
+    """The target layers the draft reads: as set, or the default spread over the target."""
+    if draft.target_layer_ids is not None:
+        return list(draft.target_layer_ids)
+    return default_layer_ids(target_config.num_hidden_layers, draft.num_target_features or draft.num_layers)
+
+
 def resolve_draft_config(
     draft: DraftConfig, target_config, forbidden_mask_ids: Sequence[int] = ()
 ) -> DraftModelConfig:
     """Combine user settings with the target's HF config; validates before returning."""
     check_kind(draft.kind)
     num_target_layers = target_config.num_hidden_layers
-    layer_ids = draft.target_layer_ids
-    if layer_ids is None:
-        layer_ids = default_layer_ids(num_target_layers, draft.num_target_features or draft.num_layers)
+    layer_ids = resolve_layer_ids(draft, target_config)
     t_hidden = target_config.hidden_size
     n_heads = draft.num_attention_heads or target_config.num_attention_heads
     hidden = draft.hidden_size or t_hidden
@@ -89,6 +96,7 @@ def resolve_draft_config(
         rope_theta=_rope_theta(target_config),
         max_position_embeddings=_target_width(target_config, "max_position_embeddings", 40960),
         sliding_window=draft.sliding_window,
+        draft_vocab_size=draft.draft_vocab_size,
         conv_kernel_size=draft.conv_kernel_size,
         conv_group_size=draft.conv_group_size,
         selector_rank=draft.selector_rank,

@@ -9,7 +9,7 @@ import torch
 
 from blockdraft.data.builtin_prompts import builtin_prompt_set
 from blockdraft.data.dataset import collate, prepare_dataset
-from blockdraft.errors import DataError
+from blockdraft.errors import ConfigError, DataError
 from blockdraft.train.anchors import valid_anchor_mask
 from blockdraft.train.distributed import DistInfo, barrier
 
@@ -50,6 +50,30 @@ def load_split(path, tokenizer, data_cfg, name: str, dist: DistInfo, block_size:
     if dist.is_main:
         barrier()
     _require_anchors(dataset, block_size, name, path)
+    return dataset
+
+
+def open_training_store(cfg, target_config, tokenizer, layer_ids):
+    """The store of data.features, checked against this run before any weight loads."""
+    from blockdraft.data.feature_store import FeatureStore
+    from blockdraft.data.store_identity import check_store_for_training
+
+    store = FeatureStore.open(cfg.data.features)
+    check_store_for_training(store, cfg.target.path, target_config, layer_ids, tokenizer, cfg.data)
+    if cfg.data.val and not store.has_split("val"):
+        raise ConfigError(
+            f"data.val={cfg.data.val} is set but the store {store.root} holds no val split; capture one with "
+            "data.val=<rows>, or set data.val=null to train without validation."
+        )
+    store.split("train")  # refuses a store whose train split is unfinished
+    return store
+
+
+def load_store_split(store, name: str, block_size: int):
+    from blockdraft.data.feature_store import FeatureStoreDataset
+
+    dataset = FeatureStoreDataset(store, name)
+    _require_anchors(dataset, block_size, name, store.root)
     return dataset
 
 

@@ -18,7 +18,9 @@ from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
-from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split
+from blockdraft.models.target_heads import TargetHeads
+from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split, load_store_split, open_training_store
+from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
@@ -103,15 +105,22 @@ class Trainer:
         target_hf_cfg = AutoConfig.from_pretrained(cfg.target.path)
         # The draft is resolved (and every id checked) against the target's config before its weights load.
         self.draft_cfg = resolve_draft_config(cfg.draft, target_hf_cfg, special_token_ids(target_hf_cfg, self.tokenizer))
-        hf_model = load_causal_lm(cfg.target.path, torch.float32, self.device)
-        # Rank 0 answers a recipe's built-in prompts while the target is still whole.
-        ensure_builtin_data(cfg, hf_model, self.tokenizer, self.dist)
+        store = open_training_store(cfg, target_hf_cfg, self.tokenizer, self.draft_cfg.target_layer_ids) if cfg.data.features else None
+        hf_model = None
+        if store is None:
+            hf_model = load_causal_lm(cfg.target.path, torch.float32, self.device)
+            # Rank 0 answers a recipe's built-in prompts while the target is still whole.
+            ensure_builtin_data(cfg, hf_model, self.tokenizer, self.dist)
         torch.manual_seed(cfg.seed)
         self.draft = self._initial_draft(hf_model).to(self.device)  # before sharding: it may copy target layers
-        self.target = TargetModel(shard_target(hf_model, cfg.distributed.target_sharding, self.dist), self.draft_cfg.target_layer_ids)
-        b = self.draft_cfg.block_size
-        self.train_data = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist, b)
-        self.val_data = load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist, b) if cfg.data.val else None
+        if store is None:
+            self.target = TargetModel(shard_target(hf_model, cfg.distributed.target_sharding, self.dist), self.draft_cfg.target_layer_ids)
+        else:
+            # From a store only the embeddings and the head are read; the decoder layers never load.
+            self.target = TargetHeads.load(cfg.target.path, self.device)
+        self.train_data, self.val_data = self._datasets(store)
+        if self.draft_cfg.draft_vocab_size and self.resume_from is None and not cfg.init_from:
+            choose_draft_vocab(self.draft, self.train_data, self.target.lm_head_weight, self.tokenizer, target_hf_cfg, self.dist.is_main)
         self.draft.activation_checkpointing = cfg.train.activation_checkpointing
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
@@ -121,6 +130,14 @@ class Trainer:
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.model = self._wrap(self.draft)
+
+    def _datasets(self, store):
+        cfg, b = self.cfg, self.draft_cfg.block_size
+        if store is not None:
+            val = load_store_split(store, "val", b) if cfg.data.val else None
+            return load_store_split(store, "train", b), val
+        train = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist, b)
+        return train, (load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist, b) if cfg.data.val else None)
 
     def _initial_draft(self, hf_model):
         if self.cfg.init_from:

@@ -44,10 +44,44 @@ def check_config(cfg: TrainAppConfig) -> None:
     check_strategy(cfg.distributed.target_sharding)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
-    if cfg.prepare.regenerate_builtin is None:
+    check_draft_vocab(cfg)
+    if cfg.data.features:
+        check_store_options(cfg)
+    elif cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)
     elif not cfg.data.train:
         raise ConfigError("prepare.regenerate_builtin needs data.train: the file the answers are written to.")
+
+
+def check_draft_vocab(cfg: TrainAppConfig) -> None:
+    n = cfg.draft.draft_vocab_size
+    if n is None:
+        return
+    if cfg.draft.kind == "dflash2":
+        raise ConfigError(
+            f"draft.draft_vocab_size={n} with draft.kind=dflash2: vLLM's DFlash2 takes its candidate top-k "
+            "from the target's full head, so a DFlash2 draft keeps the full vocabulary. Drop draft.draft_vocab_size, "
+            "or train draft.kind=dflash."
+        )
+    if n < 1:
+        raise ConfigError(f"draft.draft_vocab_size={n}: use a positive size (e.g. 8192 or 32768), or null for the full vocabulary.")
+
+
+def check_store_options(cfg: TrainAppConfig) -> None:
+    """Training from a feature store: the store must exist, and nothing may need the target's layers."""
+    from blockdraft.data.feature_store import FeatureStore
+
+    FeatureStore.open(cfg.data.features)
+    if cfg.init_from_target:
+        raise ConfigError(
+            "init_from_target=true copies the target's decoder layers, which training from a feature store "
+            "(data.features) never loads; drop init_from_target, or train online (data.features=null)."
+        )
+    if cfg.distributed.target_sharding != "none":
+        raise ConfigError(
+            f"distributed.target_sharding={cfg.distributed.target_sharding}: from a feature store (data.features) "
+            "the target's layers are not loaded, so there is nothing to shard; set distributed.target_sharding=none."
+        )
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

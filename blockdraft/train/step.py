@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from blockdraft.models.dflash2 import DFlash2DraftModel
@@ -61,7 +62,8 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     b = dcfg.block_size
     blocks = draw_blocks(batch, cfg, b, dcfg.mask_token_id, generator)
     started = _now(batch["input_ids"].device)
-    features = batch_features(target, batch)  # [N, T, n*H_t]
+    # From a feature store the batch carries the target's features; online, the target runs now.
+    features = batch["features"] if "features" in batch else batch_features(target, batch)  # [N, T, n*H_t]
     target_seconds = _now(batch["input_ids"].device) - started
     mask = block_attention_mask(blocks, batch, b, backend, dcfg.sliding_window)
     ctx_kv = module.context_kv(features, batch["position_ids"])
@@ -71,18 +73,26 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     hidden = hidden.view(n, a, b, -1)  # [N, A, B, H]
     sup = blocks.label_mask  # [N, A, B]
     h_sup = hidden[sup]  # [M, H]
-    labels = blocks.labels[sup]  # [M]
+    labels = blocks.labels[sup]  # [M] target ids
     weights = slot_weights(blocks.slot_weights_offset[sup], cfg.gamma)  # [M]
-    lm_head = target.lm_head_weight
+    # A reduced vocabulary: the loss runs over draft ids; labels outside it cannot be drafted and
+    # are left out of the loss (they still count as misses in the metrics, as in serving).
+    loss_labels = module.to_draft_ids(labels)  # [M]
+    outside = loss_labels < 0
+    loss_labels, loss_weights = loss_labels.clamp(min=0), weights * ~outside
+    lm_head = module.head_weight(target.lm_head_weight)  # [V_draft, H]
     chunk = cfg.loss_chunk_size
     if chunk:
-        loss = chunked_block_cross_entropy(h_sup, lm_head, labels, weights, chunk, _transform(module))
+        loss = chunked_block_cross_entropy(h_sup, lm_head, loss_labels, loss_weights, chunk, _transform(module))
         pred_sup, logits = _chunked_argmax(module, h_sup, lm_head, chunk), None
     else:
-        logits = module.logits(h_sup, lm_head)  # [M, V]
-        loss = block_cross_entropy(logits, labels, weights)
+        logits = module.draft_logits(h_sup, target.lm_head_weight)  # [M, V_draft]
+        loss = block_cross_entropy(logits, loss_labels, loss_weights)
         pred_sup = logits.argmax(-1)
+    pred_sup = module.to_target_ids(pred_sup)
     sums = {"loss_sum": loss.detach() * 1.0, "micro_batches": torch.tensor(1.0), "time_target_s": torch.tensor(target_seconds)}
+    if module.reduced_vocab:
+        sums["labels_outside_vocab"] = outside.sum().float()
     if isinstance(module, DFlash2DraftModel):
         cand_ids, cand_logits = _candidates(module, h_sup, lm_head, logits, chunk)
         loss, pred_sup = _add_selector_loss(module, cfg, cand_ids, cand_logits, h_sup, blocks.predecessors[sup], labels, weights, loss, pred_sup, sums)
@@ -110,7 +120,7 @@ def _transform(module):
 def _chunked_argmax(module, hidden, lm_head, chunk: int) -> torch.Tensor:
     if len(hidden) == 0:
         return hidden.new_zeros(0, dtype=torch.long)
-    return torch.cat([module.logits(h, lm_head).argmax(-1) for h in hidden.split(chunk)])
+    return torch.cat([module.transform_logits(F.linear(h, lm_head)).argmax(-1) for h in hidden.split(chunk)])
 
 
 def _candidates(module, hidden, lm_head, logits, chunk: int):

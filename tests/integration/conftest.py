@@ -7,10 +7,13 @@ from pathlib import Path
 import pytest
 
 from blockdraft.config import compose, register_schema
+from blockdraft.data.capture import CaptureAppConfig
 from blockdraft.train.config import TrainAppConfig
 
 REPO = Path(__file__).resolve().parents[2]
 register_schema("train_schema", TrainAppConfig)
+register_schema("capture_schema", CaptureAppConfig)
+SHARD_ROWS = 16  # the tiny recipe's 64 training rows -> 4 shards
 
 
 def tiny_overrides(run_dir, *extra):
@@ -27,6 +30,24 @@ def train_tiny(run_dir, *extra):
         return run_training(compose("train", tiny_overrides(run_dir, *extra)))
     finally:
         os.chdir(cwd)
+
+
+def capture_tiny(out, *extra):
+    """A feature store of the tiny_cpu recipe's rows (what its training run consumes)."""
+    from blockdraft.data.capture import run_capture
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        return run_capture(compose("capture", ["experiment=tiny_cpu", f"out={out}", "train.progress=false",
+                                               f"rows_per_shard={SHARD_ROWS}", *extra]))
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="session")
+def fp32_store(tmp_path_factory):
+    return capture_tiny(tmp_path_factory.mktemp("store") / "fp32", "storage_dtype=float32")
 
 
 @pytest.fixture(scope="session")

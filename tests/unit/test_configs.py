@@ -36,6 +36,7 @@ APP_MODULES = {
     "export": "blockdraft.export.__main__",
     "serve": "blockdraft.serve.__main__",
     "regen": "blockdraft.data.regen_app",
+    "capture": "blockdraft.data.capture",
 }
 
 
@@ -45,6 +46,16 @@ def test_every_app_config_composes():
     for app in apps:
         __import__(APP_MODULES[app])
         compose(app, [])
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_capture_composes_every_training_recipe(experiment):
+    """The capture app takes the training overrides as they are: a recipe means the same to both."""
+    __import__(APP_MODULES["capture"])
+    cfg = compose("capture", [f"experiment={experiment}", "out=/tmp/store"])
+    train = compose("train", [f"experiment={experiment}"])
+    for group in ("target", "draft", "data"):
+        assert cfg[group] == train[group]
 
 
 def test_misspelled_key_fails_at_composition_with_its_name():

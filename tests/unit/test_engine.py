@@ -55,3 +55,31 @@ def test_hand_set_draft_is_fully_accepted(kind):
     assert res.stats.accepted_per_step == [3, 3, 3]
     assert res.stats.mean_acceptance_length == 4.0
     assert res.stats.accepted_per_position() == [3, 3, 3]
+
+
+def test_reduced_vocabulary_draft_is_lossless_and_drafts_only_its_tokens(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "dflash", draft_vocab_size=64)
+    vocab = torch.arange(0, 256, 4)
+    draft.set_draft_vocab(vocab, tiny_target.lm_head_weight)
+    engine = SpeculativeEngine(tiny_target, draft)
+    prompt = [5, 6, 7, 8, 9]
+    res = engine.generate(prompt, 20)
+    assert res.tokens == engine.target_generate(prompt, 20).tokens
+    assert res.stats.num_drafts > 0
+    logits = draft.logits(torch.randn(3, draft.config.hidden_size), tiny_target.lm_head_weight)
+    assert set(logits.argmax(-1).tolist()) <= set(vocab.tolist())
+
+
+def test_hand_set_reduced_vocabulary_draft_is_fully_accepted():
+    from blockdraft.models.target import TargetModel
+    from blockdraft.models.tiny_target import build_tiny_model
+
+    hf = build_tiny_model("qwen3", seed=3)
+    _make_predictable(hf, token=42)
+    target = TargetModel(hf, [1, 3])
+    draft = make_draft(hf, "dflash", draft_vocab_size=16)
+    draft.set_draft_vocab(torch.arange(30, 46), target.lm_head_weight)  # 42 is draft id 12
+    _silence_layers(draft)
+    res = SpeculativeEngine(target, draft).generate([5, 6, 7, 8], 13)
+    assert res.tokens == [42] * 13
+    assert res.stats.mean_acceptance_length == 4.0

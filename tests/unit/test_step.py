@@ -120,3 +120,47 @@ def test_chunked_dflash2_step_equals_unchunked(tiny_hf, tiny_target):
     torch.testing.assert_close(results[0].sums["selector_correct"], results[1].sums["selector_correct"])
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6)
+
+
+def _naive_reduced_loss(draft, target, batch, cfg, blocks):
+    """Per block, CE over the draft's own vocabulary; labels outside it are left out."""
+    b = draft.config.block_size
+    feats = target.capture(batch["input_ids"])
+    total, weight, outside = 0.0, 0.0, 0
+    for row in range(batch["input_ids"].shape[0]):
+        for j, (a, ok) in enumerate(zip(blocks.anchors[row].tolist(), blocks.anchor_valid[row].tolist())):
+            if not ok:
+                continue
+            kv = draft.context_kv(feats[row:row + 1, :a], batch["position_ids"][row:row + 1, :a])
+            ids = blocks.block_ids[row:row + 1, j * b:(j + 1) * b]
+            pos = blocks.block_position_ids[row:row + 1, j * b:(j + 1) * b]
+            hidden = draft(draft.embed(ids, target.embed_tokens), pos, kv)
+            logits = hidden[0] @ draft.lm_head.weight.T  # [B, V_draft]
+            vocab = draft.draft_token_ids().tolist()
+            for k in range(1, b):
+                if not blocks.label_mask[row, j, k]:
+                    continue
+                label = int(blocks.labels[row, j, k])
+                if label not in vocab:
+                    outside += 1
+                    continue
+                w = float(slot_weights(blocks.slot_weights_offset[row, j, k], cfg.gamma))
+                total = total + w * torch.nn.functional.cross_entropy(logits[k], torch.tensor(vocab.index(label)))
+                weight += w
+    return total / weight, outside
+
+
+def test_reduced_vocabulary_step_equals_naive_loop_and_counts_outside_labels(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "dflash", draft_vocab_size=128)
+    draft.set_draft_vocab(torch.arange(0, 256, 2), tiny_target.lm_head_weight)  # even ids only
+    cfg = LoopConfig(num_anchors=5, gamma=4.0)
+    batch = _batch()
+    blocks = draw_blocks(batch, cfg, draft.config.block_size, MASK_ID, torch.Generator().manual_seed(3))
+    result = train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3))
+    want, outside = _naive_reduced_loss(draft, tiny_target, batch, cfg, blocks)
+    assert outside > 0
+    torch.testing.assert_close(result.loss, want, rtol=1e-5, atol=1e-5)
+    assert int(result.sums["labels_outside_vocab"]) == outside
+    chunked = train_step(draft, tiny_target, batch, dataclasses.replace(cfg, loss_chunk_size=7), torch.Generator().manual_seed(3))
+    torch.testing.assert_close(chunked.loss, result.loss, rtol=1e-5, atol=1e-6)
+    assert torch.equal(chunked.sums["slot_correct"], result.sums["slot_correct"])

@@ -1,0 +1,193 @@
+"""`python -m blockdraft.data.capture <training overrides> out=<dir>`: a feature store.
+
+Composed from the training app's groups, so `experiment=`, `target.path=`, `data.*` and
+`draft.target_layer_ids=` mean what they mean for training: the rows are tokenised by the
+same code (and the same cache), the target runs once per row through the same capture,
+and each shard holds exactly the tensor online training would feed the draft. Train from
+it with `data.features=<dir>`. A killed capture resumes at its first unfinished shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import MISSING, OmegaConf
+from tqdm import tqdm
+
+from blockdraft import faults
+from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.data.dataset import collate, prepare_dataset
+from blockdraft.data.feature_store import STORAGE_DTYPES, FeatureStore, check_storage_dtype
+from blockdraft.data.store_identity import split_source, store_identity
+from blockdraft.errors import ConfigError, DataError
+from blockdraft.models.draft_config import check_layer_ids
+from blockdraft.models.resolve import resolve_layer_ids
+from blockdraft.train.config import TrainAppConfig
+
+
+@dataclass
+class CaptureAppConfig(TrainAppConfig):
+    """The training app's settings, plus where and how the store is written."""
+
+    out: str = MISSING
+    """The store directory (index.json + <split>/shard-*.safetensors)."""
+    storage_dtype: str = "float16"
+    """float16 | bfloat16 | float32 (exact: training from it equals online training to fp32 rounding)."""
+    rows_per_shard: int = 256
+    """Rows per shard file: the unit a killed capture redoes."""
+
+
+register_schema("capture_schema", CaptureAppConfig)
+
+
+def check_capture_config(cfg: CaptureAppConfig) -> None:
+    check_storage_dtype(cfg.storage_dtype)
+    if cfg.rows_per_shard < 1:
+        raise ConfigError(f"rows_per_shard={cfg.rows_per_shard}: use 1 or more rows per shard.")
+    if cfg.data.features:
+        raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
+    if cfg.target.path is None:
+        raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
+    if cfg.target.tiny is None and not (Path(cfg.target.path) / "config.json").exists():
+        raise ConfigError(f"target.path={cfg.target.path!r} has no config.json; give a local Hugging Face model directory.")
+    if cfg.prepare.regenerate_builtin is None:
+        cfg.data.validate(require_train=True)
+
+
+def run_capture(cfg) -> Path:
+    """Entry used by the command line and by tests with a composed config."""
+    schema: CaptureAppConfig = OmegaConf.to_object(cfg)
+    check_capture_config(schema)
+    return Capture(schema).run()
+
+
+class Capture:
+    def __init__(self, cfg: CaptureAppConfig):
+        from transformers import AutoConfig, AutoTokenizer
+
+        from blockdraft.train.distributed import init_distributed
+
+        self.cfg = cfg
+        if cfg.target.tiny:
+            from blockdraft.models.tiny_target import save_tiny_target
+
+            save_tiny_target(cfg.target.path, cfg.target.tiny)
+        self.device = init_distributed().device
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.target.path)
+        self.target_config = AutoConfig.from_pretrained(cfg.target.path)
+        self.layer_ids = resolve_layer_ids(cfg.draft, self.target_config)
+        check_layer_ids(self.layer_ids, self.target_config.num_hidden_layers)
+        self.target = None  # loaded only once the store's identity has been checked
+
+    def splits(self):
+        return [(name, path) for name, path in (("train", self.cfg.data.train), ("val", self.cfg.data.val)) if path]
+
+    def run(self) -> Path:
+        cfg = self.cfg
+        self._regenerate_builtin_rows()
+        identity = store_identity(cfg.target.path, self.target_config, self.layer_ids, self.tokenizer, cfg.data,
+                                  cfg.storage_dtype, cfg.rows_per_shard)
+        identity["sources"] = {name: split_source(path) for name, path in self.splits()}
+        store = FeatureStore.create_or_resume(cfg.out, identity, cfg.overwrite)
+        for name, path in self.splits():
+            self._capture_split(store, name, path)
+        held = ", ".join(f"{n}: {s['rows']} rows, {s['tokens']} tokens" for n, s in store.splits.items())
+        print(f"[capture] done: {store.root} ({held})", flush=True)
+        return store.root
+
+    # --- set-up ---------------------------------------------------------------------------
+    def _regenerate_builtin_rows(self) -> None:
+        """Recipes like tiny_cpu answer built-in prompts with the target first, as training does."""
+        if self.cfg.prepare.regenerate_builtin is None:
+            return
+        from blockdraft.train.data_loading import ensure_builtin_data
+        from blockdraft.train.distributed import DistInfo
+
+        ensure_builtin_data(self.cfg, self._target().model, self.tokenizer, DistInfo(0, 1, 0, self.device))
+
+    def _target(self):
+        if self.target is None:
+            from blockdraft.models.target import TargetModel
+
+            self.target = TargetModel.load(self.cfg.target.path, self.layer_ids, torch.float32, self.device)
+        return self.target
+
+    def _autocast(self):
+        from blockdraft.train.setup import resolve_dtype
+
+        if resolve_dtype(self.cfg.train.dtype, self.device) == torch.bfloat16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # --- one split --------------------------------------------------------------------------
+    def _capture_split(self, store: FeatureStore, name: str, path: str) -> None:
+        cfg = self.cfg
+        dataset, report = prepare_dataset(path, self.tokenizer, cfg.data)  # tokenised exactly as training does
+        if report.total_rejected:
+            print(f"[capture] data.{name}: {report.summary()}", flush=True)
+        entry = store.begin_split(name, split_source(path), len(dataset), cfg.rows_per_shard, report.to_dict())
+        done = store.finished_shards(name)
+        if done == entry["num_shards"]:
+            entry["complete"] = True
+            store.write_index()
+            print(f"[capture] {name}: all {done} shard(s) already captured", flush=True)
+            return
+        if done:
+            print(f"[capture] {name}: resuming after {done} finished shard(s) of {entry['num_shards']}", flush=True)
+        target = self._target()
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        rps, limit = cfg.rows_per_shard, torch.finfo(STORAGE_DTYPES[cfg.storage_dtype]).max
+        bar = tqdm(total=len(dataset), initial=done * rps, unit="row", desc=f"capture {name}", disable=not cfg.train.progress, dynamic_ncols=True, mininterval=1.0)
+        tokens, started = 0, time.perf_counter()
+        for number in range(done, entry["num_shards"]):
+            rows = []
+            for i in range(number * rps, min((number + 1) * rps, len(dataset))):
+                item = dataset[i]
+                batch = collate([item], pad_id=pad)
+                rows.append(self._row(target, item, batch, limit, f"data.{name} row from line(s) {dataset.source_lines(i)}"))
+                tokens += batch["input_ids"].shape[1]
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}", refresh=False)
+            store.write_shard(name, number, rows, STORAGE_DTYPES[cfg.storage_dtype])
+            faults.point("capture.after_shard")
+        bar.close()
+        seconds = time.perf_counter() - started
+        print(f"[capture] {name}: {tokens} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):.0f} tokens/s)", flush=True)
+
+    def _row(self, target, item: dict, batch: dict, limit: float, where: str) -> dict:
+        from blockdraft.train.features import batch_features
+
+        device_batch = {k: v.to(self.device) for k, v in batch.items()}
+        with self._autocast():
+            features = batch_features(target, device_batch)[0].float().cpu()  # [L, n*H_t]
+        peak = float(features.abs().max()) if features.numel() else 0.0
+        if peak > limit:
+            raise DataError(
+                f"{where}: a target feature reaches {peak:.4g}, "
+                f"beyond {self.cfg.storage_dtype}'s range; capture with storage_dtype=bfloat16 or float32."
+            )
+        return {
+            "input_ids": batch["input_ids"][0], "loss_mask": batch["loss_mask"][0],
+            "position_ids": batch["position_ids"][0], "document_lengths": item["document_lengths"],
+            "features": features,
+        }
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="capture", version_base=None)
+def main(cfg) -> None:
+    try:
+        out = run_capture(cfg)
+    except (ConfigError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"[capture] train from it with data.features={out}")
+
+
+if __name__ == "__main__":
+    main()

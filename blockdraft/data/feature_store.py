@@ -1,0 +1,281 @@
+"""An offline feature store: what one training run would feed the draft, captured once.
+
+    <store>/index.json                        identity, per-split shard list, reject reports
+    <store>/<split>/shard-00000.safetensors   one shard of `rows_per_shard` rows
+
+A shard holds its rows laid end to end (T = the shard's tokens, R rows, D documents):
+    features            [T, n*H_t]  target layers concatenated ascending (the draft's input), storage dtype
+    input_ids           [T] int32   loss_mask [T] bool   position_ids [T] int32 (restart per document)
+    row_offsets         [R+1] int64 token offset of each row
+    document_lengths    [D] int64   row_document_offsets [R+1] int64 (documents of row r)
+
+The index is rewritten (temporary name, then rename) after every shard, and lists a shard
+only once its file is complete, so a killed capture resumes at the first missing shard.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from blockdraft.data.dataset import reply_ends
+from blockdraft.errors import ConfigError, DataError
+from blockdraft.integrity import sha256_of
+
+INDEX_NAME = "index.json"
+STORE_FORMAT = 1
+STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+ROW_TENSORS = ("input_ids", "loss_mask", "position_ids")
+
+
+def shard_name(split: str, number: int) -> str:
+    return f"{split}/shard-{number:05d}.safetensors"
+
+
+def check_storage_dtype(name: str) -> torch.dtype:
+    if name not in STORAGE_DTYPES:
+        raise ConfigError(f"storage_dtype={name!r}; use one of {list(STORAGE_DTYPES)} (float16 halves the store, float32 is exact).")
+    return STORAGE_DTYPES[name]
+
+
+def identity_differences(stored: dict, wanted: dict, prefix: str = "") -> List[str]:
+    """'key: store X vs now Y' for every leaf that differs between two identity dicts."""
+    out = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += identity_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: store {a!r} vs now {b!r}")
+    return out
+
+
+class FeatureStore:
+    """The index of a store directory, and what reads and writes it."""
+
+    def __init__(self, root: Path, index: dict):
+        self.root, self.index = Path(root), index
+
+    # --- opening ----------------------------------------------------------------------
+    @classmethod
+    def open(cls, root, key: str = "data.features") -> "FeatureStore":
+        root = Path(root).expanduser()
+        path = root / INDEX_NAME
+        if not path.is_file():
+            raise ConfigError(f"{key}={root}: no {INDEX_NAME} there; write a store with `python -m blockdraft.data.capture ... out={root}`.")
+        try:
+            index = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} is not valid JSON ({e}); capture the store again.") from None
+        if index.get("format") != STORE_FORMAT:
+            raise ConfigError(f"{path}: store format {index.get('format')!r}, this blockdraft reads {STORE_FORMAT}; capture it again.")
+        return cls(root, index)
+
+    @classmethod
+    def create_or_resume(cls, root, identity: dict, overwrite: bool) -> "FeatureStore":
+        """A store at `root` for `identity`: resumes one of the same identity, refuses to mix with another."""
+        root = Path(root).expanduser()
+        if (root / INDEX_NAME).is_file():
+            store = cls.open(root, key="out")
+            diffs = identity_differences(store.identity, identity)
+            if not diffs:
+                return store
+            if not overwrite:
+                raise ConfigError(
+                    f"out={root} holds a store of other settings:\n  " + "\n  ".join(diffs)
+                    + "\nUse another out, or overwrite=true to replace it."
+                )
+            store.delete_contents()
+        elif root.exists() and any(root.iterdir()) and not overwrite:
+            raise ConfigError(f"out={root} is not empty and holds no feature store; pick an empty or new directory, or pass overwrite=true.")
+        root.mkdir(parents=True, exist_ok=True)
+        store = cls(root, {"format": STORE_FORMAT, "identity": identity, "splits": {}})
+        store.write_index()
+        return store
+
+    def delete_contents(self) -> None:
+        import shutil
+
+        for split in self.splits:
+            shutil.rmtree(self.root / split, ignore_errors=True)
+        (self.root / INDEX_NAME).unlink(missing_ok=True)
+
+    # --- what it holds ------------------------------------------------------------------
+    @property
+    def identity(self) -> dict:
+        return self.index["identity"]
+
+    @property
+    def splits(self) -> Dict[str, dict]:
+        return self.index["splits"]
+
+    def split(self, name: str) -> dict:
+        if name not in self.splits or not self.splits[name].get("complete"):
+            held = [s for s, v in self.splits.items() if v.get("complete")]
+            raise ConfigError(f"the feature store {self.root} has no complete {name!r} split (it holds {held}); capture it with data.{name}=<rows>.")
+        return self.splits[name]
+
+    def has_split(self, name: str) -> bool:
+        return bool(self.splits.get(name, {}).get("complete"))
+
+    # --- writing ------------------------------------------------------------------------
+    def begin_split(self, name: str, source: dict, num_rows: int, rows_per_shard: int, report: dict) -> dict:
+        entry = self.splits.get(name)
+        if entry is not None and entry.get("source") != source:
+            # Other rows under the same name: what was captured of them is not this split.
+            self._drop_split(name)
+            entry = None
+        if entry is None:
+            entry = {"source": source, "rows": num_rows, "rows_per_shard": rows_per_shard,
+                     "num_shards": -(-num_rows // rows_per_shard), "shards": [], "tokens": 0, "complete": False, "report": report}
+            self.splits[name] = entry
+            self.write_index()
+        return entry
+
+    def _drop_split(self, name: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.root / name, ignore_errors=True)
+        self.splits.pop(name, None)
+
+    def finished_shards(self, name: str) -> int:
+        """How many leading shards are complete and intact; a damaged one is captured again."""
+        entry = self.splits[name]
+        for i, shard in enumerate(entry["shards"]):
+            path = self.root / shard["file"]
+            if not path.is_file() or sha256_of(path) != shard["sha256"]:
+                print(f"[capture] {path} is missing or damaged: capturing it again", flush=True)
+                entry["shards"] = entry["shards"][:i]
+                return i
+        return len(entry["shards"])
+
+    def write_shard(self, name: str, number: int, rows: List[dict], storage_dtype: torch.dtype) -> dict:
+        tensors = pack_rows(rows, storage_dtype)
+        rel = shard_name(name, number)
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, path)
+        shard = {"file": rel, "rows": len(rows), "tokens": int(tensors["input_ids"].numel()), "sha256": sha256_of(path)}
+        entry = self.splits[name]
+        entry["shards"] = entry["shards"][:number] + [shard]
+        entry["tokens"] = sum(s["tokens"] for s in entry["shards"])
+        entry["complete"] = len(entry["shards"]) == entry["num_shards"]
+        self.write_index()
+        return shard
+
+    def write_index(self) -> None:
+        path = self.root / INDEX_NAME
+        tmp = path.with_name(INDEX_NAME + ".tmp")
+        tmp.write_text(json.dumps(self.index, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def verify(self, name: str) -> None:
+        """Every shard of a split present and matching its checksum."""
+        for shard in self.split(name)["shards"]:
+            path = self.root / shard["file"]
+            if not path.is_file():
+                raise DataError(f"{path} is missing from the feature store {self.root}; capture it again (the capture resumes).")
+            if sha256_of(path) != shard["sha256"]:
+                raise DataError(f"{path} is corrupt (its sha256 differs from {self.root / INDEX_NAME}); delete it and rerun the capture.")
+
+
+def pack_rows(rows: List[dict], storage_dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+    """Rows {input_ids [L], loss_mask [L], position_ids [L], document_lengths [D], features [L, F]} -> shard tensors."""
+    lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.int64)
+    docs = torch.tensor([len(r["document_lengths"]) for r in rows], dtype=torch.int64)
+    return {
+        "features": torch.cat([r["features"] for r in rows]).to(storage_dtype).contiguous(),  # [T, F]
+        "input_ids": torch.cat([r["input_ids"] for r in rows]).to(torch.int32),
+        "loss_mask": torch.cat([r["loss_mask"] for r in rows]).bool(),
+        "position_ids": torch.cat([r["position_ids"] for r in rows]).to(torch.int32),
+        "row_offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),
+        "document_lengths": torch.cat([r["document_lengths"] for r in rows]).to(torch.int64),
+        "row_document_offsets": torch.cat([torch.zeros(1, dtype=torch.int64), docs.cumsum(0)]),
+    }
+
+
+@dataclass
+class _Shard:
+    path: Path
+    row_offsets: torch.Tensor
+    row_document_offsets: torch.Tensor
+    document_lengths: torch.Tensor
+    handle: Optional[object] = None
+
+
+class FeatureStoreDataset(torch.utils.data.Dataset):
+    """One split of a store as map-style rows: the items `TokenizedDataset` gives, plus
+    `features` [L, n*H_t] float32. Features are read per row from memory-mapped shards, so a
+    rank touches only the rows of its own slice. (`collate` derives position ids from the
+    document lengths; they equal the stored `position_ids`, which other readers use.)"""
+
+    def __init__(self, store: FeatureStore, split: str):
+        store.verify(split)
+        self.store, self.split_name = store, split
+        self.shards: List[_Shard] = []
+        starts = [0]
+        for shard in store.split(split)["shards"]:
+            path = store.root / shard["file"]
+            with safe_open(str(path), framework="pt") as f:
+                self.shards.append(_Shard(path, f.get_tensor("row_offsets"), f.get_tensor("row_document_offsets"), f.get_tensor("document_lengths")))
+            starts.append(starts[-1] + shard["rows"])
+        self.shard_starts = starts  # row index where each shard begins (+ the total)
+
+    def __len__(self) -> int:
+        return self.shard_starts[-1]
+
+    def _locate(self, index: int):
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} of a store split of {len(self)} rows")
+        s = bisect.bisect_right(self.shard_starts, index) - 1
+        return self.shards[s], index - self.shard_starts[s]
+
+    def _handle(self, shard: _Shard):
+        if shard.handle is None:
+            shard.handle = safe_open(str(shard.path), framework="pt")
+        return shard.handle
+
+    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+        shard, r = self._locate(index)
+        a, b = int(shard.row_offsets[r]), int(shard.row_offsets[r + 1])
+        da, db = int(shard.row_document_offsets[r]), int(shard.row_document_offsets[r + 1])
+        f = self._handle(shard)
+        return {
+            "input_ids": f.get_slice("input_ids")[a:b].long(),
+            "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
+            "document_lengths": shard.document_lengths[da:db].clone(),
+            "features": f.get_slice("features")[a:b].float(),  # [L, n*H_t]
+        }
+
+    def reply_tokens(self) -> torch.Tensor:
+        """Every supervised token id of the split (for the draft vocabulary), without reading features."""
+        out = []
+        for shard in self.shards:
+            f = self._handle(shard)
+            out.append(f.get_tensor("input_ids")[f.get_tensor("loss_mask")].long())
+        return torch.cat(out)
+
+    def reply_end_tokens(self) -> torch.Tensor:
+        """The last supervised token of every reply (end-of-turn tokens)."""
+        out = []
+        for shard in self.shards:
+            f = self._handle(shard)
+            out.append(reply_ends(f.get_tensor("input_ids").long(), f.get_tensor("loss_mask").bool()))
+        return torch.cat(out)
+
+    def __getstate__(self):
+        # Open handles do not pickle (DataLoader workers): each process opens its own.
+        state = dict(self.__dict__)
+        state["shards"] = [_Shard(s.path, s.row_offsets, s.row_document_offsets, s.document_lengths) for s in self.shards]
+        return state
+

@@ -1,0 +1,132 @@
+"""The feature store: capture once, then train from it exactly as online training would."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from blockdraft.errors import ConfigError
+from blockdraft.train.logger import read_metrics
+from tests.integration.conftest import REPO, SHARD_ROWS, capture_tiny, python, train_tiny
+from tests.integration.test_train_tiny import _launch, _train_rows
+
+def _val(run_dir):
+    return [r for r in read_metrics(run_dir) if r.get("split") == "val"][-1]
+
+
+def _weights(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step_{step}" / "model.safetensors"))
+
+
+def test_training_from_a_float32_store_equals_online_training(fp32_store, tmp_path):
+    args = ["train.max_steps=20", "train.log_every=5"]
+    online = train_tiny(tmp_path / "online", *args)
+    stored = train_tiny(tmp_path / "stored", *args, f"data.features={fp32_store}")
+    pairs = list(zip(_train_rows(online), _train_rows(stored)))
+    assert len(pairs) == 4
+    for a, b in pairs:
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["accept_len"] == pytest.approx(a["accept_len"], rel=1e-5)
+        assert b["share_target"] < 0.01 < a["share_target"]  # no target pass from the store
+    assert _val(stored)["val/loss"] == pytest.approx(_val(online)["val/loss"], rel=1e-5)
+    assert _val(stored)["val/accept_len"] == pytest.approx(_val(online)["val/accept_len"], rel=1e-5)
+    for name, t in _weights(online, 20).items():
+        torch.testing.assert_close(_weights(stored, 20)[name], t, rtol=1e-4, atol=1e-6)
+
+
+def test_training_from_a_float16_store_stays_within_its_rounding(tmp_path):
+    store = capture_tiny(tmp_path / "fp16")  # float16 is the default
+    args = ["train.max_steps=10", "train.log_every=5", "data.val=null"]
+    online = train_tiny(tmp_path / "online", *args)
+    stored = train_tiny(tmp_path / "stored", *args, f"data.features={store}")
+    for a, b in zip(_train_rows(online), _train_rows(stored)):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-3)
+
+
+def test_training_from_a_store_never_loads_the_target_layers(fp32_store, tmp_path, monkeypatch):
+    import blockdraft.train.loop as loop
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the target's decoder layers were loaded")
+
+    monkeypatch.setattr(loop, "load_causal_lm", refuse)
+    monkeypatch.setattr(loop, "TargetModel", refuse)
+    run = train_tiny(tmp_path / "run", "train.max_steps=3", "train.log_every=1", f"data.features={fp32_store}")
+    assert len(_train_rows(run)) == 3
+
+
+def test_a_store_of_other_layers_or_lengths_is_refused_naming_them(fp32_store, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        train_tiny(tmp_path / "a", f"data.features={fp32_store}", "draft.target_layer_ids=[2,4]")
+    assert "target_layer_ids" in str(err.value) and "[1, 3]" in str(err.value) and "[2, 4]" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        train_tiny(tmp_path / "b", f"data.features={fp32_store}", "data.seq_length=128")
+    assert "tokenization.seq_length: store 160 vs now 128" in str(err.value)
+    for run in ("a", "b"):  # refused before any step: nothing but the run lock's directory
+        assert not (tmp_path / run / "metrics.jsonl").exists() and not (tmp_path / run / "checkpoints").exists()
+
+
+def test_a_capture_never_mixes_into_a_store_of_other_settings(fp32_store, tmp_path):
+    copy = tmp_path / "store"
+    shutil.copytree(fp32_store, copy)
+    with pytest.raises(ConfigError) as err:
+        capture_tiny(copy, "storage_dtype=float32", "draft.target_layer_ids=[2,4]")
+    assert "target_layer_ids: store [1, 3] vs now [2, 4]" in str(err.value)
+    assert json.loads((copy / "index.json").read_text()) == json.loads((fp32_store / "index.json").read_text())
+
+
+def test_a_killed_capture_resumes_to_the_same_store(fp32_store, tmp_path):
+    out = tmp_path / "store"
+    cmd = [python(), "-m", "blockdraft.data.capture", "experiment=tiny_cpu", f"out={out}", "storage_dtype=float32",
+           f"rows_per_shard={SHARD_ROWS}", "train.progress=false"]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    killed = subprocess.run(cmd, cwd=REPO, env={**env, "BLOCKDRAFT_FAULT": "capture.after_shard@2:kill"}, capture_output=True, text=True)
+    assert killed.returncode != 0
+    index = json.loads((out / "index.json").read_text())
+    assert [s["file"] for s in index["splits"]["train"]["shards"]] == ["train/shard-00000.safetensors", "train/shard-00001.safetensors"]
+    first_two = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in index["splits"]["train"]["shards"]}
+    resumed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resuming after 2 finished shard(s) of 4" in resumed.stdout
+    assert {f: (out / f).stat().st_mtime_ns for f in first_two} == first_two  # finished shards not redone
+    got, want = json.loads((out / "index.json").read_text()), json.loads((fp32_store / "index.json").read_text())
+    for split in ("train", "val"):
+        assert got["splits"][split]["complete"] and got["splits"][split]["tokens"] == want["splits"][split]["tokens"]
+        for a, b in zip(got["splits"][split]["shards"], want["splits"][split]["shards"]):
+            ta, tb = load_file(str(out / a["file"])), load_file(str(fp32_store / b["file"]))
+            for name in tb:  # same rows; features equal up to fp32 noise between processes
+                torch.testing.assert_close(ta[name], tb[name], rtol=1e-5, atol=1e-6)
+
+
+def test_store_rows_carry_the_position_ids_training_derives(fp32_store):
+    from blockdraft.data.dataset import collate
+    from blockdraft.data.feature_store import FeatureStore, FeatureStoreDataset
+
+    dataset = FeatureStoreDataset(FeatureStore.open(fp32_store), "train")
+    shard = load_file(str(fp32_store / "train" / "shard-00000.safetensors"))
+    n = int(shard["row_offsets"][1])
+    batch = collate([dataset[0]], pad_id=0)
+    assert torch.equal(batch["position_ids"][0], shard["position_ids"][:n].long())
+    assert batch["features"].shape == (1, n, 2 * 64)
+
+
+def test_resume_and_ddp_from_a_store_train_what_one_run_trains(fp32_store, tmp_path):
+    store = [f"data.features={fp32_store}", "data.val=null", "train.log_every=1", "train.micro_batch_size=2"]
+    two = _launch([*store, "train.max_steps=4", "train.save_every=2", "train.keep_last=5"], tmp_path / "two", nproc=2)
+    one = _launch([*store, "train.max_steps=4", "train.grad_accum=2"], tmp_path / "one")
+    for proc in (two, one):
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out.decode()[-3000:]
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "two" / "checkpoints" / "step_2", resumed / "checkpoints" / "step_2")
+    train_tiny(resumed, *store, "train.max_steps=4", "train.grad_accum=2", "resume=must")
+    want = {r["step"]: r["loss"] for r in _train_rows(tmp_path / "one")}
+    for run in ("two", "resumed"):
+        got = {r["step"]: r["loss"] for r in _train_rows(tmp_path / run)}
+        for step in got:
+            assert got[step] == pytest.approx(want[step], rel=1e-5)

@@ -16,9 +16,9 @@ from blockdraft.models import build_draft
 from blockdraft.models.init_from_target import init_draft_from_target
 from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
+from blockdraft.models.target_heads import TargetHeads
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
-from blockdraft.models.target_heads import TargetHeads
 from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split, load_store_split, open_training_store
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed

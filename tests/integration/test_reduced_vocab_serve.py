@@ -32,7 +32,8 @@ def reduced_export(fp32_store, tmp_path_factory):
 def test_reduced_vocabulary_is_trained_and_exported_as_vllm_reads_it(reduced_export):
     run, export = reduced_export
     rows = [r for r in read_metrics(run) if "split" not in r]
-    assert all(0 < r["label_outside_vocab_share"] < 0.05 for r in rows)
+    shares = [r["label_outside_vocab_share"] for r in rows]  # rare labels: some windows hold none
+    assert max(shares) > 0 and all(0 <= s < 0.05 for s in shares)
     assert rows[-1]["accept_len"] > rows[0]["accept_len"]
     config = json.loads((export / "config.json").read_text())
     assert config["draft_vocab_size"] == DRAFT_VOCAB and config["vocab_size"] == 268
@@ -53,3 +54,11 @@ def test_reduced_vocabulary_draft_is_lossless_and_active_in_vllm(reduced_export,
     assert len(report["acceptance_per_position"]) == 3
     # vLLM kept the draft's own head (a shared target head would be [V, H] and fail to load).
     assert "Keeping separate lm_head weights" in (out / "vllm_draft.log").read_text()
+
+
+def test_reduced_vocabulary_export_loads_in_vllm_with_every_weight(reduced_export):
+    from tests.integration.test_vllm_weight_load import check_weights
+
+    proc = check_weights(reduced_export[1])
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "0 missing, 0 unexpected, all equal" in proc.stdout

@@ -1,0 +1,58 @@
+"""vLLM itself loads every tensor of an export, and a missing one is caught.
+
+vLLM's DFlash loader does not check for missing weights, so scripts/check_vllm_weights.py
+loads the draft in the real engine and compares its parameters with the file.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from tests.integration.conftest import REPO
+
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
+
+pytestmark = [
+    pytest.mark.serve,
+    pytest.mark.skipif(not SERVE_PYTHON.is_file(), reason=f"no serving env at {SERVE_PYTHON}; run `make setup-serve`"),
+]
+
+
+def check_weights(draft):
+    # Two cores shared with other jobs: idle OpenMP threads must not spin.
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([str(SERVE_PYTHON), "scripts/check_vllm_weights.py", "--target", str(TARGET), "--draft", str(draft)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def export(tiny_dflash_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("weight_load") / "export"
+    subprocess.run([sys.executable, "-m", "blockdraft.export", f"checkpoint={tiny_dflash_run}", f"out={out}", "dtype=float32"],
+                   cwd=REPO, check=True, capture_output=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    return out
+
+
+def test_export_loads_in_vllm_with_every_weight(export):
+    proc = check_weights(export)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "0 missing, 0 unexpected" in proc.stdout
+
+
+def test_a_tensor_missing_from_the_export_is_reported(export, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(export, broken)
+    (broken / "checksums.json").unlink(missing_ok=True)  # the file is edited on purpose
+    weights = load_file(broken / "model.safetensors")
+    dropped = "layers.0.mlp.down_proj.weight"
+    del weights[dropped]
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+
+    proc = check_weights(broken)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
+    assert f"missing: model.{dropped}" in proc.stdout

@@ -25,11 +25,11 @@ def _batch(n=2, t=24, seed=0):
     }
 
 
-def _naive_loss(draft, target, batch, cfg, blocks):
-    """Each valid block alone: its context is exactly the target features before its anchor."""
+def _each_block(draft, target, batch, blocks):
+    """(row, block, hidden [1, B, H]) of each valid block alone: its context is exactly the target
+    features before its anchor."""
     b = draft.config.block_size
     feats = target.capture(batch["input_ids"])
-    total, weight = 0.0, 0.0
     for row in range(batch["input_ids"].shape[0]):
         for j, (a, ok) in enumerate(zip(blocks.anchors[row].tolist(), blocks.anchor_valid[row].tolist())):
             if not ok:
@@ -37,13 +37,18 @@ def _naive_loss(draft, target, batch, cfg, blocks):
             kv = draft.context_kv(feats[row:row + 1, :a], batch["position_ids"][row:row + 1, :a])
             ids = blocks.block_ids[row:row + 1, j * b:(j + 1) * b]
             pos = blocks.block_position_ids[row:row + 1, j * b:(j + 1) * b]
-            hidden = draft(draft.embed(ids, target.embed_tokens), pos, kv)
-            logits = draft.logits(hidden, target.lm_head_weight)[0]  # [B, V]
-            for k in range(1, b):
-                if blocks.label_mask[row, j, k]:
-                    w = float(slot_weights(blocks.slot_weights_offset[row, j, k], cfg.gamma))
-                    ce = torch.nn.functional.cross_entropy(logits[k], blocks.labels[row, j, k])
-                    total, weight = total + w * ce, weight + w
+            yield row, j, draft(draft.embed(ids, target.embed_tokens), pos, kv)
+
+
+def _naive_loss(draft, target, batch, cfg, blocks):
+    total, weight = 0.0, 0.0
+    for row, j, hidden in _each_block(draft, target, batch, blocks):
+        logits = draft.logits(hidden, target.lm_head_weight)[0]  # [B, V]
+        for k in range(1, draft.config.block_size):
+            if blocks.label_mask[row, j, k]:
+                w = float(slot_weights(blocks.slot_weights_offset[row, j, k], cfg.gamma))
+                ce = torch.nn.functional.cross_entropy(logits[k], blocks.labels[row, j, k])
+                total, weight = total + w * ce, weight + w
     return total / weight
 
 
@@ -124,29 +129,20 @@ def test_chunked_dflash2_step_equals_unchunked(tiny_hf, tiny_target):
 
 def _naive_reduced_loss(draft, target, batch, cfg, blocks):
     """Per block, CE over the draft's own vocabulary; labels outside it are left out."""
-    b = draft.config.block_size
-    feats = target.capture(batch["input_ids"])
+    vocab = draft.draft_token_ids().tolist()
     total, weight, outside = 0.0, 0.0, 0
-    for row in range(batch["input_ids"].shape[0]):
-        for j, (a, ok) in enumerate(zip(blocks.anchors[row].tolist(), blocks.anchor_valid[row].tolist())):
-            if not ok:
+    for row, j, hidden in _each_block(draft, target, batch, blocks):
+        logits = hidden[0] @ draft.lm_head.weight.T  # [B, V_draft]
+        for k in range(1, draft.config.block_size):
+            if not blocks.label_mask[row, j, k]:
                 continue
-            kv = draft.context_kv(feats[row:row + 1, :a], batch["position_ids"][row:row + 1, :a])
-            ids = blocks.block_ids[row:row + 1, j * b:(j + 1) * b]
-            pos = blocks.block_position_ids[row:row + 1, j * b:(j + 1) * b]
-            hidden = draft(draft.embed(ids, target.embed_tokens), pos, kv)
-            logits = hidden[0] @ draft.lm_head.weight.T  # [B, V_draft]
-            vocab = draft.draft_token_ids().tolist()
-            for k in range(1, b):
-                if not blocks.label_mask[row, j, k]:
-                    continue
-                label = int(blocks.labels[row, j, k])
-                if label not in vocab:
-                    outside += 1
-                    continue
-                w = float(slot_weights(blocks.slot_weights_offset[row, j, k], cfg.gamma))
-                total = total + w * torch.nn.functional.cross_entropy(logits[k], torch.tensor(vocab.index(label)))
-                weight += w
+            label = int(blocks.labels[row, j, k])
+            if label not in vocab:
+                outside += 1
+                continue
+            w = float(slot_weights(blocks.slot_weights_offset[row, j, k], cfg.gamma))
+            total = total + w * torch.nn.functional.cross_entropy(logits[k], torch.tensor(vocab.index(label)))
+            weight += w
     return total / weight, outside
 
 

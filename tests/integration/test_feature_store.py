@@ -130,3 +130,17 @@ def test_resume_and_ddp_from_a_store_train_what_one_run_trains(fp32_store, tmp_p
         got = {r["step"]: r["loss"] for r in _train_rows(tmp_path / run)}
         for step in got:
             assert got[step] == pytest.approx(want[step], rel=1e-5)
+
+
+def test_capture_reports_rejected_rows_with_their_line_numbers(tmp_path, capsys):
+    rows = (REPO / ".cache" / "tiny_cpu" / "train.jsonl").read_text().splitlines()[:20]
+    lines = rows[:2] + ["{not json"] + rows[2:] + ['{"messages": [{"role": "user", "content": "no reply"}]}']
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    out = capture_tiny(tmp_path / "store", f"data.train={data}", "data.val=null", "prepare.regenerate_builtin=null",
+                       f"data.cache_dir={tmp_path / 'cache'}")
+    printed = capsys.readouterr().out
+    assert "22 lines read, 20 kept, 2 rejected" in printed
+    assert "bad_json: 1 (lines 3)" in printed and "no_assistant_tokens: 1 (lines 22)" in printed
+    report = json.loads((out / "index.json").read_text())["splits"]["train"]["report"]
+    assert report["rows_kept"] == 20

@@ -13,7 +13,8 @@ from blockdraft.export.inspect import describe
 from blockdraft.export.reload_check import make_probe, rounded_copy, run_probe
 from blockdraft.export.writer import ExportCheckError, export_draft
 from blockdraft.models.tiny_target import save_tiny_target
-from tests.unit.export_helpers import make_run
+from blockdraft.models.io import save_draft
+from tests.unit.export_helpers import TINY_VOCAB, make_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -149,6 +150,17 @@ def test_inspect_describes_exports_and_checkpoints(tmp_path):
                  "tensors: 36", "contract: ok", "num_speculative_tokens = 3", "vllm serve"):
         assert part in text, part
     assert "training checkpoint (step_10)" in describe(tmp_path / "run")
+
+
+def test_reduced_vocabulary_export_round_trips_and_is_described(tmp_path):
+    step_dir, trained = make_run(tmp_path / "run", "dflash", draft_vocab_size=24)
+    trained.set_draft_vocab(torch.arange(100, 148, 2), torch.randn(TINY_VOCAB, trained.config.hidden_size))
+    save_draft(step_dir, trained)
+    out = export_draft(tmp_path / "run", tmp_path / "out", dtype="bfloat16")  # the reload check passes
+    draft, cfg = import_draft(out)
+    assert cfg.draft_vocab_size == 24 and torch.equal(draft.d2t, trained.d2t) and draft.d2t.dtype == torch.long
+    text = describe(out)
+    assert "reduced, 24 of 268 target tokens" in text and "contract: ok" in text
 
 
 def _env():

@@ -117,8 +117,14 @@ class SpeculativeEngine:
             accepted, next_token = self._verify(proposals, q, p, gen)
             _keep(cache, anchor_pos + accepted + 1)  # the anchor and the accepted drafts stay
             ctx.extend(feats[:, : accepted + 1], positions[:, : accepted + 1])
+            appended = [*proposals[:accepted].tolist(), next_token]
+            # An accepted end-of-sequence ends the request there, as in vLLM: nothing after it
+            # (drafts or the bonus token) is generated or counted as accepted.
+            stop = next((i for i, tok in enumerate(appended) if tok in self.eos), None)
+            if stop is not None:
+                appended, accepted = appended[: stop + 1], min(accepted, stop + 1)
             stats.accepted_per_step.append(accepted)
-            out.extend([*proposals[:accepted].tolist(), next_token])
+            out.extend(appended)
         return DecodeResult(_truncate(out, max_new_tokens, self.eos), stats)
 
     def _propose(self, ctx: DraftContext, anchor: int, anchor_pos: int, params, gen):

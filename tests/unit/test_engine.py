@@ -83,3 +83,26 @@ def test_hand_set_reduced_vocabulary_draft_is_fully_accepted():
     res = SpeculativeEngine(target, draft).generate([5, 6, 7, 8], 13)
     assert res.tokens == [42] * 13
     assert res.stats.mean_acceptance_length == 4.0
+
+
+def test_an_accepted_eos_inside_a_block_ends_the_request(tiny_hf, tiny_target):
+    """An always-right draft: the request stops at the EOS it drafted, with no bonus token after it."""
+    engine = SpeculativeEngine(tiny_target, make_draft(tiny_hf, "dflash"))
+    k, prompt = engine.k, [5, 6, 7, 8]
+    truth = engine.target_generate(prompt, 24).tokens  # s0 s1 ... (no EOS set yet)
+    # An index whose token is new and lands on a drafted slot (not the bonus) of its step.
+    eos = next(i for i in range(k + 2, 24) if truth[i] not in truth[:i] and (i - 1) % (k + 1) < k)
+    engine.eos = {truth[eos]}
+
+    def oracle(ctx, anchor, anchor_pos, params, gen):
+        nxt = truth[anchor_pos - len(prompt) + 1:][:k]
+        proposals = torch.tensor(nxt + [0] * (k - len(nxt)))
+        return proposals, torch.nn.functional.one_hot(proposals, tiny_hf.config.vocab_size).float()
+
+    engine._propose = oracle
+    res = engine.generate(prompt, 24)
+    assert res.tokens == truth[: eos + 1]
+    # Prefill gives s0; each step then adds K accepted drafts and a bonus, until the step that
+    # accepts the EOS as its (j+1)-th draft and ends there.
+    full_steps, j = divmod(eos - 1, k + 1)
+    assert res.stats.accepted_per_step == [k] * full_steps + [j + 1]

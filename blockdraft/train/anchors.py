@@ -50,22 +50,20 @@ def _check_block_size(block_size: int) -> None:
 def valid_anchor_mask(
     loss_mask: Tensor, attention_mask: Tensor, document_ids: Tensor, block_size: int
 ) -> Tensor:
-    """Positions where a whole block can start: [N, T] bool.
+    """Positions where a block can start: [N, T] bool.
 
-    Valid iff the anchor is a loss token and positions a..a+B-1 all exist, are real
-    tokens and belong to the anchor's document (a block that ran into the next packed
-    document would train on a continuation serving never sees).
+    Valid iff the anchor and the token after it are loss tokens of the same document. vLLM
+    drafts after every accepted token, so a block near the end of a reply is served too: its
+    slots past the document's end exist but are unsupervised (`build_blocks`), and the reply's
+    last tokens, its end-of-turn token included, are still predicted from slot 1. An anchor on
+    the reply's last token has nothing to predict (serving stops there) and is not valid.
     """
     _check_block_size(block_size)
-    n, t = loss_mask.shape
-    tail = block_size - 1
-    # Padding past the end is "not real", so windows that overrun T fail the check.
-    real = torch.cat([attention_mask, attention_mask.new_zeros(n, tail)], dim=1)  # [N, T+B-1]
-    docs = torch.cat([document_ids, document_ids.new_full((n, tail), -1)], dim=1)  # [N, T+B-1]
-    real_win = real.unfold(1, block_size, 1)  # [N, T, B]: window starting at each position
-    docs_win = docs.unfold(1, block_size, 1)  # [N, T, B]
-    same_doc = (docs_win == document_ids.unsqueeze(-1)).all(-1)  # [N, T]
-    return loss_mask & real_win.all(-1) & same_doc
+    n = loss_mask.shape[0]
+    next_loss = torch.cat([loss_mask[:, 1:], loss_mask.new_zeros(n, 1)], dim=1)  # [N, T]
+    next_real = torch.cat([attention_mask[:, 1:], attention_mask.new_zeros(n, 1)], dim=1)  # [N, T]
+    next_doc = torch.cat([document_ids[:, 1:], document_ids.new_full((n, 1), -1)], dim=1)  # [N, T]
+    return loss_mask & attention_mask & next_loss & next_real & (next_doc == document_ids)
 
 
 def _generator_device(generator: Optional[torch.Generator], fallback: torch.device) -> torch.device:
@@ -143,6 +141,7 @@ def build_blocks(
     input_ids: Tensor,
     position_ids: Tensor,
     loss_mask: Tensor,
+    document_ids: Tensor,
     anchors: Tensor,
     anchor_valid: Tensor,
     prefix_len: Tensor,
@@ -152,20 +151,24 @@ def build_blocks(
     """Lay out the noise blocks, their labels and their supervision.
 
     Invalid anchors still get a (masked-out) block so every row has A blocks; their
-    gathers are clamped into the row and nothing of theirs is supervised.
+    gathers are clamped into the row and nothing of theirs is supervised. Slots past the end
+    of the anchor's document are never supervised and never show a token (of the next packed
+    document or of padding): they hold MASK, as the slots vLLM drafts past a reply's end.
     """
     n, t = input_ids.shape
     a = anchors.shape[1]
     slot = torch.arange(block_size, device=input_ids.device)  # [B]
     pos = anchors.unsqueeze(-1) + slot  # [N, A, B]: token position of each slot
-    live = anchor_valid.unsqueeze(-1) & (pos < t)  # [N, A, B]
     flat = pos.clamp(0, t - 1).reshape(n, a * block_size)  # [N, A*B]
+    anchor_doc = document_ids.gather(1, anchors.clamp(0, t - 1)).unsqueeze(-1)  # [N, A, 1]
+    in_doc = (pos < t) & (document_ids.gather(1, flat).view(n, a, block_size) == anchor_doc)  # [N, A, B]
+    live = anchor_valid.unsqueeze(-1) & in_doc  # [N, A, B]
     tokens = input_ids.gather(1, flat).view(n, a, block_size)  # [N, A, B]
     before = input_ids.gather(1, (flat - 1).clamp(min=0)).view(n, a, block_size)  # [N, A, B]
     on_loss = loss_mask.gather(1, flat).view(n, a, block_size)  # [N, A, B]
 
     plen = prefix_len.unsqueeze(-1)  # [N, A, 1]
-    visible = slot < plen  # [N, A, B]: anchor plus the real-token prefix
+    visible = (slot < plen) & (in_doc | (slot == 0))  # [N, A, B]: anchor plus the real-token prefix
     block_ids = torch.where(visible, tokens, torch.full_like(tokens, mask_token_id))
     anchor_pos = position_ids.gather(1, anchors.clamp(0, t - 1))  # [N, A]
     block_pos = anchor_pos.unsqueeze(-1) + slot  # [N, A, B]

@@ -84,9 +84,9 @@ def _require_anchors(dataset, block_size: int, name: str, path, sample: int = 20
         if valid_anchor_mask(batch["loss_mask"], batch["attention_mask"], batch["document_ids"], block_size).any():
             return
     raise DataError(
-        f"data.{name}={path}: no row has an assistant token followed by a whole block of "
-        f"{block_size} tokens, so no anchor can be drawn. Use longer responses, a larger "
-        "data.seq_length, or a smaller draft.block_size."
+        f"data.{name}={path}: no row has two assistant tokens in a row, so no anchor can be drawn "
+        "(a block starts on a reply token and predicts the next one). Use rows with longer replies, "
+        "or a larger data.seq_length if replies are cut away."
     )
 
 

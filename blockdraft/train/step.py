@@ -51,7 +51,7 @@ def draw_blocks(batch: dict, cfg: LoopConfig, block_size: int, mask_token_id: in
     anchors, anchor_valid = sample_anchors(valid, cfg.num_anchors, generator)
     prefix = sample_prefix_lengths(anchor_valid, block_size, cfg.loss_type, cfg.prefix_weight_base, generator)
     return build_blocks(
-        batch["input_ids"], batch["position_ids"], batch["loss_mask"],
+        batch["input_ids"], batch["position_ids"], batch["loss_mask"], batch["document_ids"],
         anchors, anchor_valid, prefix, block_size, mask_token_id,
     )
 

@@ -42,8 +42,8 @@ def test_rows_without_any_valid_anchor_are_refused(tmp_path):
     rows = tmp_path / "short.jsonl"
     with open(rows, "w") as fh:
         for i in range(8):
-            fh.write(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}) + "\n")
-    # A one-letter answer plus its end marker is two supervised tokens: no block of 4 fits.
+            fh.write(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": ""}]}) + "\n")
+    # An empty answer supervises only its end marker: no reply token is followed by another.
     with pytest.raises(DataError, match="no anchor can be drawn"):
         train_tiny(tmp_path / "run", f"data.train={rows}", "data.val=null", "prepare.regenerate_builtin=null")
 

@@ -35,16 +35,15 @@ def packed_batch(seed: int = 0):
 
 
 def naive_valid(batch, block_size):
+    """An anchor is a loss token followed by a loss token of its own document."""
     n, t = batch["input_ids"].shape
     out = torch.zeros(n, t, dtype=torch.bool)
     for row in range(n):
-        for a in range(t):
-            if not batch["loss_mask"][row, a] or a + block_size - 1 >= t:
-                continue
-            out[row, a] = all(
-                batch["attention_mask"][row, a + k]
-                and batch["document_ids"][row, a + k] == batch["document_ids"][row, a]
-                for k in range(block_size)
+        for a in range(t - 1):
+            out[row, a] = bool(
+                batch["loss_mask"][row, a] and batch["loss_mask"][row, a + 1]
+                and batch["attention_mask"][row, a + 1]
+                and batch["document_ids"][row, a + 1] == batch["document_ids"][row, a]
             )
     return out
 
@@ -64,7 +63,7 @@ def test_block_size_below_two_is_a_config_error():
         valid_anchor_mask(batch["loss_mask"], batch["attention_mask"], batch["document_ids"], 1)
 
 
-def test_anchors_only_on_valid_positions_and_never_cross_a_document_end():
+def test_anchors_only_on_valid_positions_and_their_first_slot_in_the_document():
     batch = packed_batch()
     valid = valid_anchor_mask(batch["loss_mask"], batch["attention_mask"], batch["document_ids"], B)
     for seed in range(20):
@@ -75,7 +74,7 @@ def test_anchors_only_on_valid_positions_and_never_cross_a_document_end():
             doc = batch["document_ids"][row]
             for a in chosen:
                 assert valid[row, a]
-                assert a + B <= 20 and bool((doc[a:a + B] == doc[a]).all())
+                assert a + 1 < 20 and doc[a + 1] == doc[a] and batch["loss_mask"][row, a + 1]
             # padding sits after the valid anchors, at position 0
             assert anchor_valid[row].tolist() == sorted(anchor_valid[row].tolist(), reverse=True)
             assert (anchors[row][~anchor_valid[row]] == 0).all()
@@ -146,8 +145,9 @@ def test_prefix_lengths_reject_bad_settings():
 
 def naive_blocks(batch, anchors, anchor_valid, prefix_len):
     """Slot by slot, straight from the conventions."""
-    ids, pos, loss = batch["input_ids"], batch["position_ids"], batch["loss_mask"]
-    n, a_count = anchors.shape
+    ids, pos, loss, doc = batch["input_ids"], batch["position_ids"], batch["loss_mask"], batch["document_ids"]
+    n, t = ids.shape
+    a_count = anchors.shape[1]
     out = {name: torch.zeros(n, a_count, B, dtype=torch.long)
            for name in ("block_ids", "block_pos", "labels", "pred", "offset")}
     out["label_mask"] = torch.zeros(n, a_count, B, dtype=torch.bool)
@@ -155,10 +155,11 @@ def naive_blocks(batch, anchors, anchor_valid, prefix_len):
         for j in range(a_count):
             a, ok, plen = int(anchors[row, j]), bool(anchor_valid[row, j]), int(prefix_len[row, j])
             for k in range(B):
-                out["block_ids"][row, j, k] = ids[row, a + k] if k < plen else MASK_ID
+                in_doc = a + k < t and doc[row, a + k] == doc[row, a]  # past the end: MASK, no label
+                out["block_ids"][row, j, k] = ids[row, a + k] if k < plen and in_doc else MASK_ID
                 out["block_pos"][row, j, k] = pos[row, a] + k
                 out["offset"][row, j, k] = k - plen
-                if ok and k >= 1:
+                if ok and k >= 1 and in_doc:
                     out["labels"][row, j, k] = ids[row, a + k]
                     out["pred"][row, j, k] = ids[row, a + k - 1]
                     out["label_mask"][row, j, k] = k >= plen and bool(loss[row, a + k])
@@ -174,7 +175,7 @@ def test_build_blocks_matches_a_naive_loop():
     prefix_len = sample_prefix_lengths(anchor_valid, B, "variable_prefix", 0.7, g)
     assert (prefix_len > 1).any()
     blocks = build_blocks(
-        batch["input_ids"], batch["position_ids"], batch["loss_mask"],
+        batch["input_ids"], batch["position_ids"], batch["loss_mask"], batch["document_ids"],
         anchors, anchor_valid, prefix_len, B, MASK_ID,
     )
     want = naive_blocks(batch, anchors, anchor_valid, prefix_len)
@@ -188,13 +189,33 @@ def test_build_blocks_matches_a_naive_loop():
     assert blocks.label_mask.any()
 
 
+def test_a_block_past_its_document_end_supervises_only_the_slots_inside_it():
+    batch = packed_batch()
+    batch["loss_mask"][:] = batch["attention_mask"]
+    # Row 0: doc 0 is positions 0..8, doc 1 follows at 9. Anchor 7: slots 7, 8 in doc 0; 9, 10 in doc 1.
+    anchors, anchor_valid = torch.tensor([[7], [11]]), torch.tensor([[True], [True]])
+    assert valid_anchor_mask(batch["loss_mask"], batch["attention_mask"], batch["document_ids"], B)[0, 7]
+    prefix_len = torch.tensor([[3], [1]])  # row 0 shows slots 1..2: slot 2 would be doc 1's token
+    blocks = build_blocks(
+        batch["input_ids"], batch["position_ids"], batch["loss_mask"], batch["document_ids"],
+        anchors, anchor_valid, prefix_len, B, MASK_ID,
+    )
+    ids = batch["input_ids"]
+    assert blocks.block_ids[0].tolist() == [int(ids[0, 7]), int(ids[0, 8]), MASK_ID, MASK_ID]
+    assert not blocks.label_mask[0, 0].any()  # slots 3.. are past the end: nothing supervised
+    # Row 1: doc 1 is positions 7..12, then padding. Anchor 11: slot 1 (12) inside, slots 2, 3 padding.
+    assert blocks.label_mask[1, 0].tolist() == [False, True, False, False]
+    assert blocks.labels[1, 0].tolist() == [0, int(ids[1, 12]), 0, 0]
+    assert blocks.block_ids[1].tolist() == [int(ids[1, 11]), MASK_ID, MASK_ID, MASK_ID]
+
+
 def test_build_blocks_clamps_gathers_of_invalid_anchors_near_the_end():
     batch = packed_batch()
     anchors = torch.tensor([[18, 2], [19, 0]])  # caller-built, would run past T
     anchor_valid = torch.tensor([[False, True], [False, False]])
     prefix_len = torch.ones(2, 2, dtype=torch.long)
     blocks = build_blocks(
-        batch["input_ids"], batch["position_ids"], batch["loss_mask"],
+        batch["input_ids"], batch["position_ids"], batch["loss_mask"], batch["document_ids"],
         anchors, anchor_valid, prefix_len, B, MASK_ID,
     )
     assert not blocks.label_mask[~anchor_valid].any()

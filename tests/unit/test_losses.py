@@ -46,13 +46,13 @@ def random_blocks(loss_type, seed=0):
     valid = valid_anchor_mask(loss_mask, attention_mask, doc, B)
     anchors, anchor_valid = sample_anchors(valid, 4, g)
     prefix_len = sample_prefix_lengths(anchor_valid, B, loss_type, 0.6, g)
-    blocks = build_blocks(input_ids, position_ids, loss_mask, anchors, anchor_valid,
+    blocks = build_blocks(input_ids, position_ids, loss_mask, doc, anchors, anchor_valid,
                           prefix_len, B, V - 1)
     logits = torch.randn(n, 4, B, V, generator=g)  # [N, A, B, V]
-    return input_ids, loss_mask, blocks, logits
+    return input_ids, loss_mask, doc, blocks, logits
 
 
-def naive_block_ce(input_ids, loss_mask, blocks, logits, gamma):
+def naive_block_ce(input_ids, loss_mask, doc, blocks, logits, gamma):
     """Per block, per slot, from the definition."""
     num, den = 0.0, 0.0
     n, a_count = blocks.anchors.shape
@@ -62,8 +62,8 @@ def naive_block_ce(input_ids, loss_mask, blocks, logits, gamma):
                 continue
             a, plen = int(blocks.anchors[row, j]), int(blocks.prefix_len[row, j])
             for k in range(plen, B):
-                if not loss_mask[row, a + k]:
-                    continue
+                if a + k >= doc.shape[1] or doc[row, a + k] != doc[row, a] or not loss_mask[row, a + k]:
+                    continue  # past the anchor's document, or not a reply token
                 w = 1.0 if gamma is None else math.exp(-(k - plen) / gamma)
                 ce = F.cross_entropy(logits[row, j, k], input_ids[row, a + k])
                 num, den = num + w * float(ce), den + w
@@ -73,13 +73,13 @@ def naive_block_ce(input_ids, loss_mask, blocks, logits, gamma):
 @pytest.mark.parametrize("loss_type", ["block", "variable_prefix"])
 @pytest.mark.parametrize("gamma", [None, 1.5])
 def test_block_cross_entropy_matches_a_naive_loop(loss_type, gamma):
-    input_ids, loss_mask, blocks, logits = random_blocks(loss_type)
+    input_ids, loss_mask, doc, blocks, logits = random_blocks(loss_type)
     if loss_type == "variable_prefix":
         assert (blocks.prefix_len > 1).any()
     sup = blocks.label_mask  # [N, A, B]
     weights = slot_weights(blocks.slot_weights_offset, gamma)[sup]  # [M]
     loss = block_cross_entropy(logits[sup], blocks.labels[sup], weights)
-    want = naive_block_ce(input_ids, loss_mask, blocks, logits, gamma)
+    want = naive_block_ce(input_ids, loss_mask, doc, blocks, logits, gamma)
     assert loss.item() == pytest.approx(want, rel=1e-5)
 
 

@@ -28,7 +28,7 @@ def make_inputs():
     anchors[1, 3:] = 0  # force two padding blocks in row 1
     anchor_valid[1, 3:] = False
     input_ids = torch.randint(0, 30, (2, T), generator=g)
-    blocks = build_blocks(input_ids, position_ids, loss_mask, anchors, anchor_valid,
+    blocks = build_blocks(input_ids, position_ids, loss_mask, doc, anchors, anchor_valid,
                           torch.ones_like(anchors), B, 31)
     return dict(anchors=anchors, anchor_valid=anchor_valid, attention_mask=attention_mask,
                 document_ids=doc, position_ids=position_ids,

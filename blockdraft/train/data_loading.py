@@ -78,7 +78,7 @@ def load_store_split(store, name: str, block_size: int):
 
 
 def _require_anchors(dataset, block_size: int, name: str, path, sample: int = 2000) -> None:
-    """Refuse data where no block fits on an assistant token: training would only skip steps."""
+    """Refuse data where no anchor can be drawn (no reply token followed by another): training would only skip steps."""
     for i in range(min(len(dataset), sample)):
         batch = collate([dataset[i]], pad_id=0)
         if valid_anchor_mask(batch["loss_mask"], batch["attention_mask"], batch["document_ids"], block_size).any():

@@ -34,6 +34,8 @@ class LoopConfig:
     """variable_prefix: P(prefix = l) proportional to base**(l-1)."""
     selector_loss_weight: float = 1.0
     """DFlash2: weight of the selector CE (0 = the DFlash loss)."""
+    feature_noise_std: float = 0.0
+    """Std of Gaussian noise added to the target's features while training (never in validation); 0 = off."""
     loss_chunk_size: int = 0
     """Slots per chunk of the vocabulary projection in the loss; 0 = all at once."""
     attention_backend: str = "auto"

@@ -28,6 +28,8 @@ def check_config(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"train.micro_batch_size={t.micro_batch_size}: use 1 or more rows.")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps={t.max_steps}: train at least one step.")
+    if not t.feature_noise_std >= 0:
+        raise ConfigError(f"train.feature_noise_std={t.feature_noise_std}: use 0 (off) or a positive standard deviation.")
     if t.attention_backend not in ATTENTION_BACKENDS:
         raise ConfigError(f"train.attention_backend={t.attention_backend!r}; use one of {list(ATTENTION_BACKENDS)}.")
     if cfg.draft.block_size < 2:

@@ -65,6 +65,8 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     # From a feature store the batch carries the target's features; online, the target runs now.
     features = batch["features"] if "features" in batch else batch_features(target, batch)  # [N, T, n*H_t]
     target_seconds = _now(batch["input_ids"].device) - started
+    if cfg.feature_noise_std and draft.training:
+        features = add_feature_noise(features, cfg.feature_noise_std, generator)
     mask = block_attention_mask(blocks, batch, b, backend, dcfg.sliding_window)
     ctx_kv = module.context_kv(features, batch["position_ids"])
     embeds = module.embed(blocks.block_ids, target.embed_tokens)  # [N, A*B, H]
@@ -100,6 +102,14 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
     return StepResult(loss, sums)
+
+
+def add_feature_noise(features: torch.Tensor, std: float, generator) -> torch.Tensor:
+    """features + N(0, std^2), drawn from the micro-batch's own generator so the noise, like the
+    anchors, does not depend on how the work is split over ranks."""
+    device = generator.device if generator is not None else features.device
+    noise = torch.randn(features.shape, generator=generator, device=device, dtype=torch.float32)
+    return features + std * noise.to(features.device, features.dtype)
 
 
 def _now(device: torch.device) -> float:

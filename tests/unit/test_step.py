@@ -160,3 +160,18 @@ def test_reduced_vocabulary_step_equals_naive_loop_and_counts_outside_labels(tin
     chunked = train_step(draft, tiny_target, batch, dataclasses.replace(cfg, loss_chunk_size=7), torch.Generator().manual_seed(3))
     torch.testing.assert_close(chunked.loss, result.loss, rtol=1e-5, atol=1e-6)
     assert torch.equal(chunked.sums["slot_correct"], result.sums["slot_correct"])
+
+
+def test_feature_noise_changes_training_only_and_is_reproducible(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "dflash")
+    batch = _batch()
+    plain = LoopConfig(num_anchors=5, gamma=4.0)
+    noisy = dataclasses.replace(plain, feature_noise_std=0.5)
+
+    def loss(cfg, train):
+        draft.train(train)
+        return train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3)).loss
+
+    assert not torch.equal(loss(noisy, True), loss(plain, True))
+    torch.testing.assert_close(loss(noisy, True), loss(noisy, True))  # the micro-batch generator draws it
+    torch.testing.assert_close(loss(noisy, False), loss(plain, False))  # validation sees clean features

@@ -180,6 +180,10 @@ class Trainer:
     def _restore(self, path: Path) -> None:
         saved_cfg = OmegaConf.load(path / "config.yaml")
         ckpt.check_resume_compatible(path, self.draft_cfg, self.cfg.target.path, OmegaConf.select(saved_cfg, "target.path"))
+        saved_optim = OmegaConf.select(saved_cfg, "optim.name", default="adamw")
+        if saved_optim != self.cfg.optim.name:
+            raise ConfigError(f"cannot resume from {path}: it was trained with optim.name={saved_optim}, this run sets "
+                              f"optim.name={self.cfg.optim.name}; resume with optim.name={saved_optim}, or start a new run_dir.")
         from blockdraft.models.io import load_draft
 
         self.draft.load_state_dict(load_draft(path).state_dict())

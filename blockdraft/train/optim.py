@@ -1,18 +1,24 @@
-"""AdamW over the draft's parameters and a warmup + cosine schedule to min_lr_ratio."""
+"""The draft's optimizer (AdamW, or Muon for its matrices) and a warmup + cosine schedule to min_lr_ratio."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 import torch
+
+from blockdraft.errors import ConfigError
+
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass
 class OptimConfig:
+    name: str = "adamw"
+    """adamw | muon (torch.optim.Muon for the 2-D weight matrices, AdamW for everything else)."""
     lr: float = 6e-4
-    """Peak learning rate."""
+    """Peak learning rate (with muon: of the AdamW group: norms, biases, other non-matrix parameters)."""
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     warmup_ratio: float = 0.04
@@ -21,10 +27,67 @@ class OptimConfig:
     """Cosine decays to lr * min_lr_ratio at max_steps."""
     grad_clip: float = 1.0
     """Clip the global grad norm to this; 0 disables."""
+    muon_lr: Optional[float] = None
+    """muon: peak learning rate of the matrix group; null = lr. Muon's updates are rescaled to
+    AdamW's RMS (adjust_lr_fn=match_rms_adamw), so the two rates are on one scale."""
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Muon over the 2-D matrices and AdamW over the rest, stepped, scheduled and saved as one
+    optimizer: `param_groups` is both optimizers' groups (Muon's first), so one LR scheduler
+    drives each group from its own base rate."""
+
+    def __init__(self, matrices: list, others: list, cfg: OptimConfig):
+        self.muon = torch.optim.Muon(matrices, lr=cfg.muon_lr or cfg.lr, momentum=cfg.muon_momentum,
+                                     weight_decay=cfg.muon_weight_decay, adjust_lr_fn="match_rms_adamw")
+        self.adamw = torch.optim.AdamW(others or [torch.nn.Parameter(torch.zeros(0))], lr=cfg.lr,
+                                       betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        # Optimizer's own bookkeeping (hooks, defaults) without re-registering the parameters.
+        self.defaults = {"lr": cfg.lr}
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        self._optimizer_state_dict_pre_hooks, self._optimizer_state_dict_post_hooks = {}, {}
+        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
+        self._zero_grad_profile_name = "MuonWithAdamW.zero_grad"
+
+    @property
+    def param_groups(self):
+        return self.muon.param_groups + self.adamw.param_groups
+
+    @property
+    def state(self):
+        return {**self.muon.state, **self.adamw.state}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if set(state_dict) != {"muon", "adamw"}:
+            raise ConfigError("the checkpoint's optimizer state is not Muon + AdamW; resume with the optim.name it was trained with.")
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])
 
 
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    if cfg.name not in OPTIMIZERS:
+        raise ConfigError(f"optim.name={cfg.name!r}; use one of {list(OPTIMIZERS)}.")
+    params = list(params)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    # Muon orthogonalises a matrix's update; vectors (norms, biases, a mask embedding) and other
+    # shapes (DFlash2's [2, taps, H] base kernels) stay with AdamW.
+    matrices = [p for p in params if p.ndim == 2]
+    return MuonWithAdamW(matrices, [p for p in params if p.ndim != 2], cfg)
 
 
 def build_scheduler(optimizer, cfg: OptimConfig, max_steps: int):

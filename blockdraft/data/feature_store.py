@@ -128,23 +128,14 @@ class FeatureStore:
 
     # --- writing ------------------------------------------------------------------------
     def begin_split(self, name: str, source: dict, num_rows: int, rows_per_shard: int, report: dict) -> dict:
+        # The identity names each split's source, so an entry found here is of these same rows.
         entry = self.splits.get(name)
-        if entry is not None and entry.get("source") != source:
-            # Other rows under the same name: what was captured of them is not this split.
-            self._drop_split(name)
-            entry = None
         if entry is None:
             entry = {"source": source, "rows": num_rows, "rows_per_shard": rows_per_shard,
                      "num_shards": -(-num_rows // rows_per_shard), "shards": [], "tokens": 0, "complete": False, "report": report}
             self.splits[name] = entry
             self.write_index()
         return entry
-
-    def _drop_split(self, name: str) -> None:
-        import shutil
-
-        shutil.rmtree(self.root / name, ignore_errors=True)
-        self.splits.pop(name, None)
 
     def finished_shards(self, name: str) -> int:
         """How many leading shards are complete and intact; a damaged one is captured again."""

@@ -62,6 +62,8 @@ def check_capture_config(cfg: CaptureAppConfig) -> None:
 
 def run_capture(cfg) -> Path:
     """Entry used by the command line and by tests with a composed config."""
+    if OmegaConf.is_missing(cfg, "out"):
+        raise ConfigError("out is not set: give the store's directory, e.g. out=.cache/stores/<name>.")
     schema: CaptureAppConfig = OmegaConf.to_object(cfg)
     check_capture_config(schema)
     return Capture(schema).run()

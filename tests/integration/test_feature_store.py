@@ -70,6 +70,14 @@ def test_a_store_of_other_layers_or_lengths_is_refused_naming_them(fp32_store, t
         assert not (tmp_path / run / "metrics.jsonl").exists() and not (tmp_path / run / "checkpoints").exists()
 
 
+def test_a_capture_without_out_is_refused_naming_the_key():
+    from blockdraft.config import compose
+    from blockdraft.data.capture import run_capture
+
+    with pytest.raises(ConfigError, match="out is not set"):
+        run_capture(compose("capture", ["experiment=tiny_cpu"]))
+
+
 def test_a_capture_never_mixes_into_a_store_of_other_settings(fp32_store, tmp_path):
     copy = tmp_path / "store"
     shutil.copytree(fp32_store, copy)

@@ -78,3 +78,19 @@ def test_full_or_larger_sizes_are_refused():
     for n in (V, V + 1, 0):
         with pytest.raises(ConfigError, match="draft_vocab_size"):
             _cfg(draft_vocab_size=n)
+
+
+def test_vocabulary_comes_from_the_reply_tokens_and_keeps_their_end_tokens():
+    from blockdraft.data.dataset import Documents, TokenizedDataset
+    from blockdraft.train.draft_vocab import choose_draft_vocab
+
+    # Two conversations: prompt tokens (unsupervised) then a reply ending with 45 (end of turn).
+    ids = [[1, 2, 3, 10, 10, 10, 11, 45], [1, 2, 12, 10, 11, 11, 45]]
+    masks = [[False] * 3 + [True] * 5, [False] * 3 + [True] * 4]
+    dataset = TokenizedDataset(Documents.from_lists(ids, masks, [1, 2]), seq_length=16)
+    assert sorted(dataset.reply_tokens().tolist()) == [10, 10, 10, 10, 11, 11, 11, 45, 45]
+    assert dataset.reply_end_tokens().tolist() == [45, 45]
+    draft = build_draft(_cfg(draft_vocab_size=3))
+    share = choose_draft_vocab(draft, dataset, torch.randn(V, H), tokenizer=None, target_config=None, verbose=False)
+    assert draft.draft_token_ids().tolist() == [10, 11, 45]  # prompt-only tokens 1, 2, 3, 12 are never chosen
+    assert share == 1.0

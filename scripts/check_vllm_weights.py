@@ -32,6 +32,7 @@ ROTARY_LEFTOVERS = ("rotary_pos_emb.inv_freq", "rotary_emb.inv_freq", "rotary_em
 # only ever read from a quantised checkpoint.
 KV_SCALES = ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
 QKV_SHARDS = {"q": 0, "k": 1, "v": 2}
+MASK_EMBEDDING_FILE = "mask_embedding.pt"
 
 
 def read_draft(draft: Path) -> dict:
@@ -44,6 +45,10 @@ def read_draft(draft: Path) -> dict:
     if not files:
         sys.exit(f"no safetensors in {draft}")
     tensors = {}
+    mask_file = draft / MASK_EMBEDDING_FILE
+    if mask_file.is_file():  # vLLM's own loader reads it into model.mask_embedding
+        state = torch.load(mask_file, weights_only=True)
+        tensors[MASK_EMBEDDING_FILE] = (state["embedding"] if isinstance(state, dict) else state).reshape(-1)
     for path in files:
         with safe_open(str(path), "pt") as f:
             for name in f.keys():
@@ -72,6 +77,8 @@ def vllm_name(model, file_name):
     """(param name, shard id) the DFlash loader routes a file tensor to, or (None, why)."""
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
 
+    if file_name == MASK_EMBEDDING_FILE:
+        return "model.mask_embedding", None
     # Outer renames of DFlashQwen3ForCausalLM.load_weights.
     if "t2d" in file_name:
         return None, "skipped by vLLM's DFlash loader (t2d is never used)"

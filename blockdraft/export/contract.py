@@ -33,6 +33,9 @@ def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
             shapes.update(_conv_shapes(cfg, f"layers.{i}."))
     if cfg.kind == "dflash2":
         shapes.update(_selector_shapes(cfg))
+    if cfg.train_mask_embedding:
+        # In a checkpoint a tensor like any other; an export keeps it in mask_embedding.pt.
+        shapes["mask_embedding"] = (h,)
     if cfg.draft_vocab_size:
         # vLLM's loader keeps `lm_head` unprefixed and renames `d2t` to draft_id_to_target_id.
         shapes["lm_head.weight"] = (cfg.draft_vocab_size, h)

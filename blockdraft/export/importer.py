@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes, is_dflash2_only
+from blockdraft.export.mask_embedding import STATE_NAME, check_mask_token, read_mask_embedding
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.integrity import verify_checksums
 from blockdraft.models import build_draft
@@ -26,6 +27,8 @@ from blockdraft.models.io import DRAFT_CONFIG_NAME, as_fp32
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+# How safetensors headers name dtypes, for the tensor of mask_embedding.pt.
+SAFETENSORS_DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 
 
@@ -34,6 +37,7 @@ def import_draft(directory: str | Path) -> Tuple[torch.nn.Module, DraftModelConf
     directory = Path(directory)
     try:
         cfg = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME))
+        cfg.train_mask_embedding = with_mask_embedding(directory, cfg)
         state = canonical_names(read_tensors(directory))
         check_kind_consistency(state, cfg, directory)
         check_state_dict(state, cfg, where=f"{directory}")
@@ -86,8 +90,19 @@ def weight_files(directory: Path) -> List[Path]:
     )
 
 
+def with_mask_embedding(directory: Path, cfg: DraftModelConfig) -> bool:
+    """Whether the directory carries a trained mask embedding (checked against the config's mask id)."""
+    found = read_mask_embedding(directory)
+    if found is None:
+        return False
+    check_mask_token(directory, found[0], cfg.mask_token_id)
+    return True
+
+
 def read_tensors(directory: Path) -> Dict[str, torch.Tensor]:
-    state: Dict[str, torch.Tensor] = {}
+    """Every tensor of the draft directory: its safetensors, and mask_embedding.pt if there."""
+    found = read_mask_embedding(directory)
+    state: Dict[str, torch.Tensor] = {STATE_NAME: found[1]} if found is not None else {}
     for path in weight_files(directory):
         shard = load_file(str(path))
         twice = sorted(set(shard) & set(state))
@@ -102,6 +117,9 @@ def tensor_headers(directory: Path) -> Dict[str, Tuple[tuple, str]]:
     from safetensors import safe_open
 
     out: Dict[str, Tuple[tuple, str]] = {}
+    found = read_mask_embedding(directory)
+    if found is not None:
+        out[STATE_NAME] = (tuple(found[1].shape), SAFETENSORS_DTYPE_NAMES.get(found[1].dtype, str(found[1].dtype)))
     for path in weight_files(directory):
         with safe_open(str(path), framework="pt") as fh:
             for name in fh.keys():

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import contract_problems
-from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files
+from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files, with_mask_embedding
 from blockdraft.export.model_card import serve_command, shape_line
 from blockdraft.export.source import resolve_checkpoint
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
@@ -31,6 +31,8 @@ def describe(directory: str | Path) -> str:
         f"  target_layer_ids: {cfg.target_layer_ids}   mask_token_id: {cfg.mask_token_id}   block_size: {cfg.block_size}",
         "  vocabulary: " + (f"reduced, {cfg.draft_vocab_size} of {cfg.vocab_size} target tokens (own lm_head.weight + d2t)"
                             if cfg.draft_vocab_size else f"the target's full head ({cfg.vocab_size} tokens)"),
+        "  mask embedding: " + ("trained (mask_embedding.pt in an export)" if cfg.train_mask_embedding
+                                else f"the target's row for token {cfg.mask_token_id}"),
         f"  dtype: {', '.join(dtypes)}   tensors: {len(headers)} in {len(weight_files(weights_dir))} file(s)   "
         f"size on disk: {_human(_disk_size(directory))}",
         "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),
@@ -45,6 +47,7 @@ def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
     if (directory / CONFIG_NAME).is_file():
         config = read_config(directory)
         cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
+        cfg.train_mask_embedding = with_mask_embedding(directory, cfg)
         return cfg, "a vLLM draft export (config.json + safetensors)", ", ".join(config["architectures"]), directory
     if not directory.is_dir():
         raise ConfigError(f"inspect={directory} does not exist; give an export, a checkpoint or a run directory.")

@@ -23,6 +23,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.integrity import write_checksums
 from blockdraft.export.contract import ContractError, check_state_dict
 from blockdraft.export.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, tensor_headers
+from blockdraft.export.mask_embedding import STATE_NAME, write_mask_embedding
 from blockdraft.export.model_card import model_card
 from blockdraft.export.reload_check import DTYPES, ReloadResult, reload_check
 from blockdraft.export.source import CheckpointSource, resolve_checkpoint
@@ -34,7 +35,7 @@ from blockdraft.models.io import draft_state_dict, load_draft, load_draft_config
 EXPORT_INFO = "blockdraft_export.json"
 DEFAULT_SHARD_SIZE = 5 * 2**30
 # Written to config.json but legitimately not read back equal (the target may raise it).
-NOT_ROUND_TRIPPED = ("max_position_embeddings", "forbidden_mask_ids")
+NOT_ROUND_TRIPPED = ("max_position_embeddings", "forbidden_mask_ids", "train_mask_embedding")  # the last: mask_embedding.pt
 
 
 class ExportCheckError(ValueError):
@@ -106,7 +107,10 @@ def fresh_staging_dir(out: Path) -> Path:
 def write_export(directory: Path, draft, cfg: DraftModelConfig, target_config, dtype: str, shard_size_bytes: int) -> None:
     config = vllm_config(cfg, target_config, dtype)
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    write_weights(directory, draft_state_dict(draft, DTYPES[dtype]), shard_size_bytes)
+    state = draft_state_dict(draft, DTYPES[dtype])
+    if STATE_NAME in state:  # vLLM reads it only from its own file
+        write_mask_embedding(directory, state.pop(STATE_NAME), cfg.mask_token_id)
+    write_weights(directory, state, shard_size_bytes)
 
 
 def write_weights(directory: Path, state: Dict[str, torch.Tensor], shard_size_bytes: int) -> None:

@@ -60,6 +60,10 @@ class DFlashDraftModel(nn.Module):
             # target id i + d2t[i].
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False).requires_grad_(False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        if cfg.train_mask_embedding:
+            # vLLM embeds every MASK slot with this vector instead of the target's row for the mask
+            # token (mask_embedding.pt in the export); set by `init_mask_embedding`, then trained.
+            self.mask_embedding = nn.Parameter(torch.zeros(cfg.hidden_size))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         self.activation_checkpointing = False  # set by the trainer: recompute layers in backward
         self.apply(self._init_linear)
@@ -82,7 +86,20 @@ class DFlashDraftModel(nn.Module):
 
     # --- block path ---------------------------------------------------------------
     def embed(self, block_ids: torch.Tensor, embed_tokens: nn.Module) -> torch.Tensor:
-        return embed_tokens(block_ids)
+        return self.replace_mask(block_ids, embed_tokens(block_ids))
+
+    def replace_mask(self, block_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """embeds [N, T, H] with every mask-token slot set to the trained mask embedding, if any."""
+        if not self.config.train_mask_embedding:
+            return embeds
+        is_mask = (block_ids == self.config.mask_token_id).unsqueeze(-1)  # [N, T, 1]
+        return torch.where(is_mask, self.mask_embedding.to(embeds.dtype), embeds)
+
+    @torch.no_grad()
+    def init_mask_embedding(self, embed_weight: torch.Tensor, mode: str) -> None:
+        """From the target's row for the mask token (`token`) or the mean of its embedding table (`mean`)."""
+        row = embed_weight[self.config.mask_token_id] if mode == "token" else embed_weight.float().mean(0)
+        self.mask_embedding.copy_(row.to(self.mask_embedding))
 
     def forward(
         self,

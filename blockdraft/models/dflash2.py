@@ -140,6 +140,6 @@ class DFlash2DraftModel(DFlashDraftModel):
         self.candidate_selector = CandidateSelector(cfg.vocab_size, cfg.hidden_size, cfg.selector_rank)
 
     def embed(self, block_ids: torch.Tensor, embed_tokens: nn.Module) -> torch.Tensor:
-        embeds = embed_tokens(block_ids)
+        embeds = self.replace_mask(block_ids, embed_tokens(block_ids))  # as vLLM: mask first, then the scale
         scale = self.config.input_embedding_scale
         return embeds * scale if scale != 1.0 else embeds

@@ -37,6 +37,8 @@ class DraftModelConfig:
     sliding_window: Optional[int] = None
     draft_vocab_size: Optional[int] = None
     """DFlash: the draft's own reduced vocabulary (null = the target's full head)."""
+    train_mask_embedding: bool = False
+    """The MASK slots' embedding is a trained parameter (exported as mask_embedding.pt)."""
     # DFlash2 only.
     conv_kernel_size: int = 2
     conv_group_size: int = 1

@@ -46,6 +46,10 @@ class DraftConfig:
     """DFlash2: candidates per slot the selector chooses among."""
     draft_vocab_size: Optional[int] = None
     """DFlash: a reduced head over the N most frequent reply tokens (null = the target's full head)."""
+    train_mask_embedding: bool = False
+    """Train the embedding of the MASK slots (vLLM reads it from the export's mask_embedding.pt)."""
+    mask_embedding_init: str = "token"
+    """token (the target's row for mask_token_id) | mean (the mean of the target's embedding table)."""
 
 
 def _rope_theta(target_config) -> float:
@@ -97,6 +101,7 @@ def resolve_draft_config(
         max_position_embeddings=_target_width(target_config, "max_position_embeddings", 40960),
         sliding_window=draft.sliding_window,
         draft_vocab_size=draft.draft_vocab_size,
+        train_mask_embedding=draft.train_mask_embedding,
         conv_kernel_size=draft.conv_kernel_size,
         conv_group_size=draft.conv_group_size,
         selector_rank=draft.selector_rank,

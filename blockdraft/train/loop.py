@@ -121,6 +121,8 @@ class Trainer:
         self.train_data, self.val_data = self._datasets(store)
         if self.draft_cfg.draft_vocab_size and self.resume_from is None and not cfg.init_from:
             choose_draft_vocab(self.draft, self.train_data, self.target.lm_head_weight, self.tokenizer, target_hf_cfg, self.dist.is_main)
+        if self.draft_cfg.train_mask_embedding and self.resume_from is None and not cfg.init_from:
+            self.draft.init_mask_embedding(self.target.embed_tokens.weight, cfg.draft.mask_embedding_init)
         self.draft.activation_checkpointing = cfg.train.activation_checkpointing
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)

@@ -47,12 +47,18 @@ def check_config(cfg: TrainAppConfig) -> None:
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
     check_draft_vocab(cfg)
+    check_mask_embedding(cfg)
     if cfg.data.features:
         check_store_options(cfg)
     elif cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)
     elif not cfg.data.train:
         raise ConfigError("prepare.regenerate_builtin needs data.train: the file the answers are written to.")
+
+
+def check_mask_embedding(cfg: TrainAppConfig) -> None:
+    if cfg.draft.mask_embedding_init not in ("token", "mean"):
+        raise ConfigError(f"draft.mask_embedding_init={cfg.draft.mask_embedding_init!r}; use token or mean.")
 
 
 def check_draft_vocab(cfg: TrainAppConfig) -> None:

@@ -1,0 +1,48 @@
+"""A draft with a trained mask embedding, served by real vLLM: lossless, active, and the embedding loaded."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.conftest import REPO, train_tiny
+
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+pytestmark = [
+    pytest.mark.serve,
+    pytest.mark.skipif(not SERVE_PYTHON.exists(), reason="no vLLM serving environment: run `make setup-serve`"),
+]
+
+
+@pytest.fixture(scope="module")
+def mask_export(fp32_store, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mask_embedding")
+    run = train_tiny(root / "run", "train.max_steps=120", f"data.features={fp32_store}", "draft.train_mask_embedding=true")
+    export = root / "export"
+    subprocess.run([sys.executable, "-m", "blockdraft.export", f"checkpoint={run}", f"out={export}", "dtype=float32"],
+                   cwd=REPO, check=True, capture_output=True)
+    return export
+
+
+def test_trained_mask_embedding_is_loaded_and_served_losslessly_by_vllm(mask_export, tmp_path):
+    assert (mask_export / "mask_embedding.pt").is_file()
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "blockdraft.serve", f"draft={mask_export}", f"target={REPO / '.cache/targets/tiny-qwen3'}",
+         "prompts=tiny", "num_prompts=4", "max_tokens=48", f"out={out}"],
+        cwd=REPO, capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["engine"] == "vllm" and report["lossless"] is True and report["draft_active"] is True
+    assert "Loaded DFlash mask embedding for mask_token_id 262" in (out / "vllm_draft.log").read_text()
+
+
+def test_trained_mask_embedding_fills_vllm_s_parameter_exactly(mask_export):
+    from tests.integration.test_vllm_weight_load import check_weights
+
+    proc = check_weights(mask_export)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "0 missing, 0 unexpected, all equal" in proc.stdout

@@ -13,7 +13,6 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import hydra
 import torch
@@ -29,6 +28,7 @@ from blockdraft.errors import ConfigError, DataError
 from blockdraft.models.draft_config import check_layer_ids
 from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.setup import check_target_path
 
 
 @dataclass
@@ -52,10 +52,7 @@ def check_capture_config(cfg: CaptureAppConfig) -> None:
         raise ConfigError(f"rows_per_shard={cfg.rows_per_shard}: use 1 or more rows per shard.")
     if cfg.data.features:
         raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
-    if cfg.target.path is None:
-        raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
-    if cfg.target.tiny is None and not (Path(cfg.target.path) / "config.json").exists():
-        raise ConfigError(f"target.path={cfg.target.path!r} has no config.json; give a local Hugging Face model directory.")
+    check_target_path(cfg.target)
     if cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)
 

@@ -39,10 +39,7 @@ def check_config(cfg: TrainAppConfig) -> None:
             "draft.mask_token_id is not set and has no default: pick a reserved, rarely used token of the "
             "target (`python -m blockdraft.models.suggest target=<dir>` lists candidates)."
         )
-    if cfg.target.path is None:
-        raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
-    if cfg.target.tiny is None and not (Path(cfg.target.path) / "config.json").exists():
-        raise ConfigError(f"target.path={cfg.target.path!r} has no config.json; give a local Hugging Face model directory.")
+    check_target_path(cfg.target)
     check_strategy(cfg.distributed.target_sharding)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
@@ -54,6 +51,14 @@ def check_config(cfg: TrainAppConfig) -> None:
         cfg.data.validate(require_train=True)
     elif not cfg.data.train:
         raise ConfigError("prepare.regenerate_builtin needs data.train: the file the answers are written to.")
+
+
+def check_target_path(target) -> None:
+    """The `target` group names a local HF directory (or a tiny one a test builds there)."""
+    if target.path is None:
+        raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
+    if target.tiny is None and not (Path(target.path) / "config.json").exists():
+        raise ConfigError(f"target.path={target.path!r} has no config.json; give a local Hugging Face model directory.")
 
 
 def check_mask_embedding(cfg: TrainAppConfig) -> None:

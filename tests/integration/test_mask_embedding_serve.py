@@ -1,13 +1,11 @@
 """A draft with a trained mask embedding, served by real vLLM: lossless, active, and the embedding loaded."""
 
-import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.integration.conftest import REPO, train_tiny
+from tests.integration.conftest import REPO, smoke_serve_tiny, train_tiny
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 pytestmark = [
@@ -29,13 +27,7 @@ def mask_export(fp32_store, tmp_path_factory):
 def test_trained_mask_embedding_is_loaded_and_served_losslessly_by_vllm(mask_export, tmp_path):
     assert (mask_export / "mask_embedding.pt").is_file()
     out = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "blockdraft.serve", f"draft={mask_export}", f"target={REPO / '.cache/targets/tiny-qwen3'}",
-         "prompts=tiny", "num_prompts=4", "max_tokens=48", f"out={out}"],
-        cwd=REPO, capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    report = json.loads((out / "report.json").read_text())
+    report = smoke_serve_tiny(mask_export, out)
     assert report["engine"] == "vllm" and report["lossless"] is True and report["draft_active"] is True
     assert "Loaded DFlash mask embedding for mask_token_id 262" in (out / "vllm_draft.log").read_text()
 

@@ -1,14 +1,13 @@
 """A reduced-vocabulary DFlash draft end to end: trained from a store, exported, served by real vLLM."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from blockdraft.train.logger import read_metrics
-from tests.integration.conftest import REPO, train_tiny
+from tests.integration.conftest import REPO, smoke_serve_tiny, train_tiny
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 pytestmark = [
@@ -42,13 +41,7 @@ def test_reduced_vocabulary_is_trained_and_exported_as_vllm_reads_it(reduced_exp
 def test_reduced_vocabulary_draft_is_lossless_and_active_in_vllm(reduced_export, tmp_path):
     _, export = reduced_export
     out = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "blockdraft.serve", f"draft={export}", f"target={REPO / '.cache/targets/tiny-qwen3'}",
-         "prompts=tiny", "num_prompts=4", "max_tokens=48", f"out={out}"],
-        cwd=REPO, capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    report = json.loads((out / "report.json").read_text())
+    report = smoke_serve_tiny(export, out)
     assert report["engine"] == "vllm" and report["lossless"] is True and report["draft_active"] is True
     assert report["mean_acceptance_length"] > 1.2
     assert len(report["acceptance_per_position"]) == 3

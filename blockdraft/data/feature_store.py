@@ -85,8 +85,16 @@ class FeatureStore:
         root = Path(root).expanduser()
         if (root / INDEX_NAME).is_file():
             store = cls.open(root, key="out")
-            diffs = identity_differences(store.identity, identity)
+            # A split the store does not hold yet (say, data.val captured after data.train) is
+            # added beside the others: nothing captured so far depends on it.
+            added = {name: src for name, src in identity.get("sources", {}).items()
+                     if name not in store.identity.get("sources", {})}
+            stored = {**store.identity, "sources": {**store.identity.get("sources", {}), **added}}
+            diffs = identity_differences(stored, identity)
             if not diffs:
+                if added:
+                    store.index["identity"] = stored
+                    store.write_index()
                 return store
             if not overwrite:
                 raise ConfigError(

@@ -87,6 +87,17 @@ def test_a_capture_never_mixes_into_a_store_of_other_settings(fp32_store, tmp_pa
     assert json.loads((copy / "index.json").read_text()) == json.loads((fp32_store / "index.json").read_text())
 
 
+def test_a_split_captured_later_joins_the_store_without_redoing_the_others(fp32_store, tmp_path):
+    out = tmp_path / "store"
+    capture_tiny(out, "storage_dtype=float32", "data.val=null")
+    train_shards = {p: p.stat().st_mtime_ns for p in (out / "train").iterdir()}
+    capture_tiny(out, "storage_dtype=float32")  # now with the recipe's data.val
+    index = json.loads((out / "index.json").read_text())
+    assert index["splits"]["val"]["complete"]
+    assert index["identity"] == json.loads((fp32_store / "index.json").read_text())["identity"]
+    assert {p: p.stat().st_mtime_ns for p in (out / "train").iterdir()} == train_shards
+
+
 def test_a_killed_capture_resumes_to_the_same_store(fp32_store, tmp_path):
     out = tmp_path / "store"
     cmd = [python(), "-m", "blockdraft.data.capture", "experiment=tiny_cpu", f"out={out}", "storage_dtype=float32",

@@ -83,6 +83,8 @@ class Capture:
         self.layer_ids = resolve_layer_ids(cfg.draft, self.target_config)
         check_layer_ids(self.layer_ids, self.target_config.num_hidden_layers)
         self.target = None  # loaded only once the store's identity has been checked
+        # Soft labels are kept when the run these overrides describe trains with them.
+        self.teacher_top_k = cfg.train.teacher_top_k if cfg.train.kl_weight > 0 else 0
 
     def splits(self):
         return [(name, path) for name, path in (("train", self.cfg.data.train), ("val", self.cfg.data.val)) if path]
@@ -91,7 +93,7 @@ class Capture:
         cfg = self.cfg
         self._regenerate_builtin_rows()
         identity = store_identity(cfg.target.path, self.target_config, self.layer_ids, self.tokenizer, cfg.data,
-                                  cfg.storage_dtype, cfg.rows_per_shard)
+                                  cfg.storage_dtype, cfg.rows_per_shard, self.teacher_top_k)
         identity["sources"] = {name: split_source(path) for name, path in self.splits()}
         store = FeatureStore.create_or_resume(cfg.out, identity, cfg.overwrite)
         for name, path in self.splits():
@@ -160,11 +162,19 @@ class Capture:
         print(f"[capture] {name}: {tokens} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):.0f} tokens/s)", flush=True)
 
     def _row(self, target, item: dict, batch: dict, limit: float, where: str) -> dict:
-        from blockdraft.train.features import batch_features
+        from blockdraft.train.features import batch_features, batch_features_and_final
+        from blockdraft.train.teacher import teacher_topk_rows
 
         device_batch = {k: v.to(self.device) for k, v in batch.items()}
+        teacher = {}
         with self._autocast():
-            features = batch_features(target, device_batch)[0].float().cpu()  # [L, n*H_t]
+            if self.teacher_top_k:
+                features, final = batch_features_and_final(target, device_batch)
+                ids, logits = teacher_topk_rows(final[0], device_batch["loss_mask"][0], target.lm_head_weight, self.teacher_top_k)
+                teacher = {"teacher_ids": ids, "teacher_logits": logits}
+                features = features[0].float().cpu()
+            else:
+                features = batch_features(target, device_batch)[0].float().cpu()  # [L, n*H_t]
         peak = float(features.abs().max()) if features.numel() else 0.0
         if peak > limit:
             raise DataError(
@@ -174,7 +184,7 @@ class Capture:
         return {
             "input_ids": batch["input_ids"][0], "loss_mask": batch["loss_mask"][0],
             "position_ids": batch["position_ids"][0], "document_lengths": item["document_lengths"],
-            "features": features,
+            "features": features, **teacher,
         }
 
 

@@ -128,8 +128,8 @@ def collate(
     Returns `input_ids` (N, T) long, `loss_mask` (N, T) bool, `attention_mask` (N, T) bool
     (real tokens), `position_ids` (N, T) long restarting at 0 for each document, and
     `document_ids` (N, T) long numbering documents 0.. within a row, -1 on padding.
-    Items read from a feature store also carry `features` (L, F): padded with zeros to
-    `features` (N, T, F) float32.
+    Items read from a feature store also carry `features` (L, F), and with soft labels
+    `teacher_ids` / `teacher_logits` (L, k): each padded with zeros to (N, T, *).
     """
     longest = max((len(item["input_ids"]) for item in batch), default=0)
     width = longest if pad_to is None else pad_to
@@ -151,10 +151,11 @@ def collate(
         out["attention_mask"][row, :size] = True
         out["position_ids"][row, :size] = torch.cat([torch.arange(int(k)) for k in lengths])
         out["document_ids"][row, :size] = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    if batch and "features" in batch[0]:
-        out["features"] = torch.zeros((n, width, batch[0]["features"].shape[-1]), dtype=torch.float32)
-        for row, item in enumerate(batch):
-            out["features"][row, : len(item["features"])] = item["features"]
+    for key, dtype in (("features", torch.float32), ("teacher_ids", torch.long), ("teacher_logits", torch.float32)):
+        if batch and key in batch[0]:
+            out[key] = torch.zeros((n, width, batch[0][key].shape[-1]), dtype=dtype)
+            for row, item in enumerate(batch):
+                out[key][row, : len(item[key])] = item[key]
     return out
 
 

@@ -192,7 +192,12 @@ def pack_rows(rows: List[dict], storage_dtype: torch.dtype) -> Dict[str, torch.T
     """Rows {input_ids [L], loss_mask [L], position_ids [L], document_lengths [D], features [L, F]} -> shard tensors."""
     lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.int64)
     docs = torch.tensor([len(r["document_lengths"]) for r in rows], dtype=torch.int64)
+    teacher = {}
+    if "teacher_ids" in rows[0]:  # the target's top-k per position [T, k], for soft labels
+        teacher = {"teacher_ids": torch.cat([r["teacher_ids"] for r in rows]).to(torch.int32).contiguous(),
+                   "teacher_logits": torch.cat([r["teacher_logits"] for r in rows]).to(storage_dtype).contiguous()}
     return {
+        **teacher,
         "features": torch.cat([r["features"] for r in rows]).to(storage_dtype).contiguous(),  # [T, F]
         "input_ids": torch.cat([r["input_ids"] for r in rows]).to(torch.int32),
         "loss_mask": torch.cat([r["loss_mask"] for r in rows]).bool(),
@@ -209,6 +214,7 @@ class _Shard:
     row_offsets: torch.Tensor
     row_document_offsets: torch.Tensor
     document_lengths: torch.Tensor
+    has_teacher: bool = False
     handle: Optional[object] = None
 
 
@@ -226,7 +232,8 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
         for shard in store.split(split)["shards"]:
             path = store.root / shard["file"]
             with safe_open(str(path), framework="pt") as f:
-                self.shards.append(_Shard(path, f.get_tensor("row_offsets"), f.get_tensor("row_document_offsets"), f.get_tensor("document_lengths")))
+                self.shards.append(_Shard(path, f.get_tensor("row_offsets"), f.get_tensor("row_document_offsets"),
+                                          f.get_tensor("document_lengths"), has_teacher="teacher_ids" in f.keys()))
             starts.append(starts[-1] + shard["rows"])
         self.shard_starts = starts  # row index where each shard begins (+ the total)
 
@@ -249,12 +256,16 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
         a, b = int(shard.row_offsets[r]), int(shard.row_offsets[r + 1])
         da, db = int(shard.row_document_offsets[r]), int(shard.row_document_offsets[r + 1])
         f = self._handle(shard)
-        return {
+        item = {
             "input_ids": f.get_slice("input_ids")[a:b].long(),
             "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
             "document_lengths": shard.document_lengths[da:db].clone(),
             "features": f.get_slice("features")[a:b].float(),  # [L, n*H_t]
         }
+        if shard.has_teacher:  # the target's top-k at each position [L, k] (see train.teacher)
+            item["teacher_ids"] = f.get_slice("teacher_ids")[a:b].long()
+            item["teacher_logits"] = f.get_slice("teacher_logits")[a:b].float()
+        return item
 
     def reply_tokens(self) -> torch.Tensor:
         """Every supervised token id of the split (for the draft vocabulary), without reading features."""
@@ -275,6 +286,7 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
     def __getstate__(self):
         # Open handles do not pickle (DataLoader workers): each process opens its own.
         state = dict(self.__dict__)
-        state["shards"] = [_Shard(s.path, s.row_offsets, s.row_document_offsets, s.document_lengths) for s in self.shards]
+        state["shards"] = [_Shard(s.path, s.row_offsets, s.row_document_offsets, s.document_lengths, s.has_teacher)
+                           for s in self.shards]
         return state
 

@@ -47,8 +47,8 @@ def tokenization_identity(tokenizer, data: DataConfig) -> dict:
 
 
 def store_identity(target_path, target_config, layer_ids: Sequence[int], tokenizer, data: DataConfig,
-                   storage_dtype: str, rows_per_shard: int) -> dict:
-    return {
+                   storage_dtype: str, rows_per_shard: int, teacher_top_k: int = 0) -> dict:
+    identity = {
         "target": target_identity(target_path, target_config),
         "target_layer_ids": [int(i) for i in layer_ids],
         "feature_width": len(layer_ids) * int(target_config.hidden_size),
@@ -56,6 +56,21 @@ def store_identity(target_path, target_config, layer_ids: Sequence[int], tokeniz
         "storage_dtype": storage_dtype,
         "rows_per_shard": rows_per_shard,
     }
+    if teacher_top_k:  # absent from stores without soft labels, so those stay what they were
+        identity["teacher_top_k"] = int(teacher_top_k)
+    return identity
+
+
+def check_store_teacher(store: FeatureStore, kl_weight: float, teacher_top_k: int) -> None:
+    """Soft labels from a store need the target's top-k, kept at capture for at least k tokens."""
+    kept = int(store.identity.get("teacher_top_k", 0))
+    if kl_weight > 0 and kept < teacher_top_k:
+        have = f"kept the target's top {kept}" if kept else "kept no soft labels"
+        raise ConfigError(
+            f"train.kl_weight={kl_weight} with train.teacher_top_k={teacher_top_k}, but the feature store {store.root} {have}. "
+            f"Capture it with the same overrides (train.kl_weight>0 train.teacher_top_k={teacher_top_k}) into a new out=, "
+            + (f"or set train.teacher_top_k<={kept}." if kept else "or set train.kl_weight=0.")
+        )
 
 
 def split_source(path) -> dict:

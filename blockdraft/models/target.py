@@ -121,6 +121,14 @@ class TargetModel:
         return torch.cat([self._captured[i] for i in self.layer_ids], dim=-1)  # [N, T, n*H]
 
     @torch.no_grad()
+    def capture_with_final(self, input_ids, attention_mask=None) -> tuple:
+        """(features [N, T, n*H], final hidden states [N, T, H] after the final norm): every layer
+        runs, the head does not (the caller projects only the positions it needs)."""
+        with self._capturing(stop_early=False):
+            out = self.model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            return self._features(), out.last_hidden_state
+
+    @torch.no_grad()
     def capture(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         """Features only: [N, T, n*H]; layers after the last needed one are not run."""
         with self._capturing(stop_early=True):

@@ -59,6 +59,16 @@ class SpecMetrics:
             [a - b for a, b in zip(after_pos, before_pos)],
         )
 
+    def plus(self, other: "SpecMetrics") -> "SpecMetrics":
+        """Counts of two runs together (the draft runs of several rounds)."""
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        return SpecMetrics(
+            self.num_drafts + other.num_drafts,
+            self.num_draft_tokens + other.num_draft_tokens,
+            self.num_accepted_tokens + other.num_accepted_tokens,
+            [a + b for a, b in zip(_padded(self.accepted_per_position, width), _padded(other.accepted_per_position, width))],
+        )
+
 
 def _padded(values: List[float], width: int) -> List[float]:
     return list(values) + [0.0] * (width - len(values))

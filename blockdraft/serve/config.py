@@ -40,6 +40,8 @@ class ServeConfig:
     """How many prompts are sent (fewer if the set runs out)."""
     max_tokens: int = 64
     """Tokens generated per prompt."""
+    rounds: int = 2
+    """Baseline/draft pairs, each run on a fresh server, the order alternating; the speedup is their median."""
     out: str = "runs/serve"
     """Report directory: report.json, acceptance.png and the vLLM logs."""
     overwrite: bool = False
@@ -90,7 +92,7 @@ class ServeConfig:
                 raise ConfigError(f"{key}={getattr(self, key)!r} is not a directory; {_FIXES[key]}")
         self._check_out()
         self._check_prompts()
-        self._check_positive("num_prompts", "max_tokens", "max_model_len", "max_num_seqs", "kv_cache_gib")
+        self._check_positive("num_prompts", "rounds", "max_tokens", "max_model_len", "max_num_seqs", "kv_cache_gib")
         self._check_positive("startup_timeout_s", "request_timeout_s")
         if self.max_tokens >= self.max_model_len:
             raise ConfigError(

@@ -1,9 +1,12 @@
-"""The smoke-serve check: preflight -> baseline server -> draft server -> verdict and report.
+"""The smoke-serve check: preflight -> rounds of (baseline server, draft server) -> verdict and report.
 
-Both servers get the same target, arguments and token-id prompts; only the draft run
-adds `--speculative-config`. The servers run one after the other (one machine, one
-model in memory at a time), each stopped before the next starts. A DFlash2 draft that
-the serving vLLM cannot run goes to the reference engine instead, and the report says so.
+Every server gets the same target, arguments and token-id prompts; only the draft runs
+add `--speculative-config`. The servers run one after the other (one machine, one
+model in memory at a time), each stopped before the next starts. `rounds=` repeats the
+pair on fresh servers, the order alternating (baseline first in odd rounds, draft first
+in even ones), so that a machine slowing down or speeding up mid-run shows in the spread
+instead of deciding the ratio. A DFlash2 draft that the serving vLLM cannot run goes to
+the reference engine instead, and the report says so.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from blockdraft.serve.client import Completion, RequestError, complete, complete
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
-from blockdraft.serve.report import RunRecord, build_report, print_table, write_report
+from blockdraft.serve.report import PHASES, Round, RunRecord, build_report, print_table, write_report
 from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings
 
 WARM_UP_TOKENS = 8  # one short request first: lazy initialisation must not count as decoding time
@@ -80,9 +83,16 @@ def _new_record(cfg: ServeConfig, plan: Plan) -> RunRecord:
         "prompts": cfg.prompts,
         "max_tokens": cfg.max_tokens,
         "min_acceptance_length": cfg.min_acceptance_length,
+        "rounds_planned": rounds_for(cfg, plan),
     }
     environment = {"vllm_version": plan.vllm.version, "device": plan.device, "runner": None}
-    return RunRecord(engine=plan.engine, settings=settings, environment=environment, warnings=list(plan.warnings))
+    return RunRecord(engine=plan.engine, settings=settings, environment=environment, warnings=list(plan.warnings),
+                     planned_rounds=rounds_for(cfg, plan))
+
+
+def rounds_for(cfg: ServeConfig, plan: Plan) -> int:
+    # The reference engine runs in this process, with no server to restart: one round says it all.
+    return 1 if plan.engine == "reference" else cfg.rounds
 
 
 def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
@@ -105,16 +115,20 @@ def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
     return prompts
 
 
-# --- the two vLLM runs ----------------------------------------------------------------
+# --- the vLLM runs ---------------------------------------------------------------------
 def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record: RunRecord) -> None:
     speculative = {
         "method": "dflash",
         "model": str(Path(cfg.draft_dir).resolve()),
         "num_speculative_tokens": plan.num_speculative_tokens,
     }
-    record.baseline = _serve_and_generate(cfg, plan, prompts, record, "baseline", None)
-    record.draft = _serve_and_generate(cfg, plan, prompts, record, "draft", speculative)
-    runner = runner_from_log(Path(cfg.out) / "vllm_draft.log")
+    for number in range(1, record.planned_rounds + 1):
+        round_ = Round(order=PHASES if number % 2 else PHASES[::-1])
+        record.rounds.append(round_)
+        for phase in round_.order:
+            completions = _serve_and_generate(cfg, plan, prompts, record, phase, speculative if phase == "draft" else None, number)
+            setattr(round_, phase, completions)
+    runner = runner_from_log(Path(cfg.out) / log_name("draft", 1))
     record.environment["runner"] = runner
     if plan.draft.kind == "dflash2" and runner != "v2":
         record.extra_failures.append(
@@ -123,40 +137,51 @@ def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record
         )
 
 
+def log_name(phase: str, round_number: int) -> str:
+    """vllm_<phase>.log for round 1 (as with a single round), vllm_<phase>_round<N>.log after it."""
+    return f"vllm_{phase}{phase_suffix(round_number)}.log"
+
+
+def phase_suffix(round_number: int) -> str:
+    return "" if round_number == 1 else f"_round{round_number}"
+
+
 def _serve_and_generate(
-    cfg: ServeConfig, plan: Plan, prompts, record: RunRecord, phase: str, speculative: Optional[dict]
+    cfg: ServeConfig, plan: Plan, prompts, record: RunRecord, phase: str, speculative: Optional[dict], number: int
 ) -> List[Completion]:
     model = str(Path(cfg.target_dir).resolve())
     args, env = server_arguments(cfg, plan.device)
-    log_path = Path(cfg.out) / f"vllm_{phase}.log"
-    say(f"{phase}: starting vLLM (log: {log_path})")
+    log_path = Path(cfg.out) / log_name(phase, number)
+    label = phase if record.planned_rounds == 1 else f"round {number}/{record.planned_rounds} {phase}"
+    key = f"{phase}{phase_suffix(number)}"
+    say(f"{label}: starting vLLM (log: {log_path})")
     log_path.unlink(missing_ok=True)
     with VllmServer(
         cfg.vllm_python_path(), model, log_path=log_path, speculative_config=speculative,
         args=args, env=env, startup_timeout_s=cfg.startup_timeout_s,
     ) as server:
-        record.timings_s[f"startup_{phase}"] = server.startup_s
-        say(f"{phase}: server up on {server.url} after {server.startup_s:.1f} s")
+        record.timings_s[f"startup_{key}"] = server.startup_s
+        say(f"{label}: server up on {server.url} after {server.startup_s:.1f} s")
         try:
-            completions = _generate(cfg, server, model, prompts, record, phase, speculative is not None)
+            completions = _generate(cfg, server, model, prompts, record, key, speculative is not None)
         except RequestError as err:
             state = "is still up" if server.alive() else "has exited"
-            raise ServerError(f"the {phase} run failed: {err}\nThe server {state}; {server.tail_message()}") from None
-    say(f"{phase}: {len(completions)} prompts in {record.timings_s[f'generation_{phase}']:.1f} s; server stopped")
+            raise ServerError(f"the {label} run failed: {err}\nThe server {state}; {server.tail_message()}") from None
+    say(f"{label}: {len(completions)} prompts in {record.timings_s[f'generation_{key}']:.1f} s; server stopped")
     return completions
 
 
 def _generate(
-    cfg: ServeConfig, server: VllmServer, model: str, prompts, record: RunRecord, phase: str, speculative: bool
+    cfg: ServeConfig, server: VllmServer, model: str, prompts, record: RunRecord, key: str, speculative: bool
 ) -> List[Completion]:
-    """A warm-up request, then every prompt timed; the draft run also reads the counters around it."""
+    """A warm-up request, then every prompt timed; a draft run also reads the counters around it."""
     complete(server.url, model, prompts[0], min(WARM_UP_TOKENS, cfg.max_tokens), cfg.request_timeout_s)
     before = read_spec_metrics(server.url) if speculative else None
     began = time.perf_counter()
     completions = complete_all(server.url, model, prompts, cfg.max_tokens, cfg.request_timeout_s, cfg.ignore_eos)
-    record.timings_s[f"generation_{phase}"] = time.perf_counter() - began
+    record.timings_s[f"generation_{key}"] = time.perf_counter() - began
     if speculative:
-        record.metrics = read_spec_metrics(server.url).minus(before)
+        record.rounds[-1].metrics = read_spec_metrics(server.url).minus(before)
     return completions
 
 

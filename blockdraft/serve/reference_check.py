@@ -16,7 +16,7 @@ from blockdraft.serve.client import Completion, SpecMetrics
 from blockdraft.serve.engine import DecodeStats, SpeculativeEngine
 from blockdraft.serve.preflight import Plan
 from blockdraft.serve.prompts import EncodedPrompt
-from blockdraft.serve.report import RunRecord
+from blockdraft.serve.report import Round, RunRecord
 
 # The reference engine builds its tensors on the CPU and runs batch size 1: it is a
 # correctness check, and its tokens/s say nothing about vLLM's.
@@ -48,10 +48,12 @@ def run_reference(
     began = time.perf_counter()
     engine = load_engine(plan, ignore_eos)
     record.timings_s["load_reference"] = time.perf_counter() - began
-    record.baseline = _generate(engine.target_generate, prompts, max_tokens, record, "generation_baseline")
+    round_ = Round()
+    record.rounds.append(round_)
+    round_.baseline = _generate(engine.target_generate, prompts, max_tokens, record, "generation_baseline")
     stats = DecodeStats(engine.k)
-    record.draft = _generate(engine.generate, prompts, max_tokens, record, "generation_draft", stats)
-    record.metrics = SpecMetrics(
+    round_.draft = _generate(engine.generate, prompts, max_tokens, record, "generation_draft", stats)
+    round_.metrics = SpecMetrics(
         num_drafts=float(stats.num_drafts),
         num_draft_tokens=float(stats.num_drafts * engine.k),
         num_accepted_tokens=float(stats.num_accepted),

@@ -1,17 +1,20 @@
 """What a smoke-serve run found: report.json, a printed table, and acceptance.png.
 
-The harness fills a `RunRecord` phase by phase; `build_report` turns whatever is there
-into the report, so a run stopped half-way still writes one, marked `incomplete`.
+The harness fills a `RunRecord` round by round, phase by phase; `build_report` turns
+whatever is there into the report, so a run stopped half-way still writes one, marked
+`incomplete`. Decode speed on a shared or throttled machine drifts between runs, so the
+speedup is the median of the rounds' ratios, with their spread and each round kept.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, TextIO
+from typing import Dict, List, Optional, TextIO, Tuple
 
 from blockdraft.serve.client import Completion, SpecMetrics
 from blockdraft.serve.verdict import compare_outputs, judge, tokens_per_second
@@ -20,27 +23,52 @@ REPORT_NAME = "report.json"
 PLOT_NAME = "acceptance.png"
 
 
+PHASES = ("baseline", "draft")
+
+
+@dataclass
+class Round:
+    """One baseline run and one draft run, each on a fresh server, in `order`."""
+
+    order: Tuple[str, ...] = PHASES
+    baseline: Optional[List[Completion]] = None
+    draft: Optional[List[Completion]] = None
+    metrics: Optional[SpecMetrics] = None  # the draft run's counters
+
+    @property
+    def complete(self) -> bool:
+        return self.baseline is not None and self.draft is not None and self.metrics is not None
+
+    def throughput(self) -> dict:
+        base = tokens_per_second(self.baseline) if self.baseline else None
+        spec = tokens_per_second(self.draft) if self.draft else None
+        return {"order": list(self.order), "tokens_per_s_baseline": base, "tokens_per_s_draft": spec,
+                "speedup": spec / base if base and spec else None}
+
+
 @dataclass
 class RunRecord:
     engine: str = "vllm"  # "vllm" | "reference"
     settings: Dict[str, object] = field(default_factory=dict)  # draft, target, prompts, max_tokens, ...
     sources: List[str] = field(default_factory=list)  # per prompt sent, where it came from
     prompts_too_long: List[str] = field(default_factory=list)
-    baseline: Optional[List[Completion]] = None
-    draft: Optional[List[Completion]] = None
-    metrics: Optional[SpecMetrics] = None
+    rounds: List[Round] = field(default_factory=list)
+    planned_rounds: int = 1
     timings_s: Dict[str, float] = field(default_factory=dict)
     environment: Dict[str, object] = field(default_factory=dict)  # vllm_version, device, runner
     warnings: List[str] = field(default_factory=list)
     extra_failures: List[str] = field(default_factory=list)
     error: Optional[str] = None
 
+    @property
+    def complete(self) -> bool:
+        return len(self.rounds) == self.planned_rounds and all(r.complete for r in self.rounds)
+
 
 def build_report(record: RunRecord, min_acceptance_length: Optional[float] = None, allow_near_ties: bool = False) -> dict:
-    complete = record.baseline is not None and record.draft is not None and record.metrics is not None
     report = {
         "engine": record.engine,
-        "incomplete": not complete or record.error is not None,
+        "incomplete": not record.complete or record.error is not None,
         "error": record.error,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **record.environment,
@@ -51,33 +79,54 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
         "warnings": record.warnings,
     }
     report.update(_throughput(record))
-    if complete:
+    if record.complete:
         report.update(_verdict(record, min_acceptance_length, allow_near_ties))
     else:
-        why = record.error or "the run stopped before both runs finished"
+        why = record.error or "the run stopped before every run finished"
         report.update(lossless=None, draft_active=None, mean_acceptance_length=None, passed=False)
         report["acceptance_per_position"] = []
         report["failures"] = [*record.extra_failures, f"incomplete: {(why.splitlines() or [why])[0]}"]
     return report
 
 
+def _median(values: List[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def _throughput(record: RunRecord) -> dict:
-    base = tokens_per_second(record.baseline) if record.baseline else None
-    spec = tokens_per_second(record.draft) if record.draft else None
+    """Per round tokens/s and ratio; the report's figures are the medians over the rounds."""
+    rounds = [r.throughput() for r in record.rounds]
+    ratios = [r["speedup"] for r in rounds if r["speedup"] is not None]
     return {
-        "tokens_per_s_baseline": base,
-        "tokens_per_s_draft": spec,
-        "speedup": spec / base if base and spec else None,
+        "tokens_per_s_baseline": _median([r["tokens_per_s_baseline"] for r in rounds]),
+        "tokens_per_s_draft": _median([r["tokens_per_s_draft"] for r in rounds]),
+        "speedup": _median(ratios),
+        "speedup_spread": [min(ratios), max(ratios)] if ratios else None,
+        "rounds": rounds,
         "tokens_generated": {
-            "baseline": sum(len(c.token_ids) for c in record.baseline or []),
-            "draft": sum(len(c.token_ids) for c in record.draft or []),
+            phase: sum(len(c.token_ids) for r in record.rounds for c in getattr(r, phase) or []) for phase in PHASES
         },
     }
 
 
 def _verdict(record: RunRecord, min_acceptance_length: Optional[float], allow_near_ties: bool) -> dict:
-    mismatches = compare_outputs(record.baseline, record.draft, record.sources)
-    verdict = judge(mismatches, record.metrics, min_acceptance_length, allow_near_ties, record.extra_failures)
+    """Every round's draft output against the first baseline's; the counters of all draft runs summed."""
+    reference = record.rounds[0].baseline
+    mismatches, failures = [], list(record.extra_failures)
+    for number, round_ in enumerate(record.rounds, start=1):
+        if number > 1:
+            drift = compare_outputs(reference, round_.baseline, record.sources)
+            if drift:
+                failures.append(f"the baseline itself is not reproducible: round {number}'s baseline differs from "
+                                f"round 1's ({drift[0].describe()}), so no draft run can be judged against it")
+        for m in compare_outputs(reference, round_.draft, record.sources):
+            m.round = number
+            mismatches.append(m)
+    metrics = SpecMetrics()
+    for round_ in record.rounds:
+        metrics = metrics.plus(round_.metrics)
+    verdict = judge(mismatches, metrics, min_acceptance_length, allow_near_ties, failures)
     accept = verdict.acceptance
     return {
         "passed": verdict.passed,
@@ -98,7 +147,8 @@ def _verdict(record: RunRecord, min_acceptance_length: Optional[float], allow_ne
 
 
 def _per_prompt(record: RunRecord, differing: set) -> List[dict]:
-    """Tokens and seconds per prompt and run: where the time went, and which prompts differ."""
+    """Tokens and seconds per prompt (round 1's runs): where the time went, and which prompts differ."""
+    first = record.rounds[0]
     return [
         {
             "index": base.prompt_index,
@@ -107,7 +157,7 @@ def _per_prompt(record: RunRecord, differing: set) -> List[dict]:
             "tokens": [len(base.token_ids), len(spec.token_ids)],
             "seconds": [round(base.seconds, 4), round(spec.seconds, 4)],
         }
-        for base, spec, source in zip(record.baseline, record.draft, record.sources)
+        for base, spec, source in zip(first.baseline, first.draft, record.sources)
     ]
 
 
@@ -153,7 +203,7 @@ def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
         ("acceptance per position", " ".join(f"{r:.2f}" for r in report.get("acceptance_per_position") or []) or "-"),
         ("tokens/s baseline", _fmt(report.get("tokens_per_s_baseline"))),
         ("tokens/s draft", _fmt(report.get("tokens_per_s_draft"))),
-        ("speedup", _fmt(report.get("speedup"))),
+        ("speedup", _speedup_line(report)),
         *((f"time {k}", f"{v:.1f} s") for k, v in report.get("timings_s", {}).items()),
         ("prompts sent", str(report.get("prompts_sent"))),
         ("vLLM", f"{report.get('vllm_version')} on {report.get('device')}"),
@@ -169,6 +219,13 @@ def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
     for mismatch in report.get("mismatches", [])[:10]:
         print(f"  mismatch: prompt {mismatch['prompt_index']} at token {mismatch['position']} "
               f"({mismatch['baseline_token']} vs {mismatch['draft_token']}, near-tie {mismatch['near_tie']})", file=stream)
+
+
+def _speedup_line(report: dict) -> str:
+    rounds, spread = report.get("rounds") or [], report.get("speedup_spread")
+    if report.get("speedup") is None or len(rounds) < 2 or not spread:
+        return _fmt(report.get("speedup"))
+    return f"{report['speedup']:.3f} (median of {len(rounds)} rounds, {spread[0]:.3f} to {spread[1]:.3f})"
 
 
 def _engine_line(report: dict) -> str:

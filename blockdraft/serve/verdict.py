@@ -25,11 +25,13 @@ class Mismatch:
     draft_token: Optional[int]
     near_tie: str  # "yes" | "no" | "unknown" (no log-probabilities to tell)
     logprob_gap: Optional[float] = None
+    round: int = 1  # which round's draft run differs
 
     def describe(self) -> str:
         gap = f", gap {self.logprob_gap:.4f} nats" if self.logprob_gap is not None else ""
+        where = f" in round {self.round}" if self.round > 1 else ""
         return (
-            f"prompt {self.prompt_index} ({self.source}): first difference at generated token {self.position}: "
+            f"prompt {self.prompt_index} ({self.source}){where}: first difference at generated token {self.position}: "
             f"baseline {self.baseline_token} vs draft {self.draft_token}; near-tie: {self.near_tie}{gap}"
         )
 

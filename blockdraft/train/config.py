@@ -28,8 +28,20 @@ class LoopConfig:
     """Blocks drawn per row."""
     loss_type: str = "block"
     """block | variable_prefix."""
+    position_weighting: str = "decay"
+    """Per-slot loss weights: decay (exp(-(k-1)/gamma)) | dpace (from the draft's own confidence, see losses.dpace_weights)."""
     gamma: Optional[float] = 7.0
-    """Slot decay exp(-(k-1)/gamma); null = uniform."""
+    """decay: slot decay exp(-(k-1)/gamma); null = uniform."""
+    dpace_alpha: float = 0.5
+    """dpace: smoothing of each slot's confidence, alpha + (1 - alpha) p (0.5 is the paper's default)."""
+    ce_weight: float = 1.0
+    """Weight of the block CE against the hard labels (the data's next tokens)."""
+    kl_weight: float = 0.0
+    """Weight of the forward KL against the target's own next-token distribution (0 = off)."""
+    teacher_top_k: int = 32
+    """The target's distribution is truncated to its k most likely tokens and renormalised."""
+    kl_temperature: float = 1.0
+    """Temperature of both distributions in the KL (the KL is scaled by T^2)."""
     prefix_weight_base: float = 0.5
     """variable_prefix: P(prefix = l) proportional to base**(l-1)."""
     selector_loss_weight: float = 1.0

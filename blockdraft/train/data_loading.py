@@ -56,10 +56,11 @@ def load_split(path, tokenizer, data_cfg, name: str, dist: DistInfo, block_size:
 def open_training_store(cfg, target_config, tokenizer, layer_ids):
     """The store of data.features, checked against this run before any weight loads."""
     from blockdraft.data.feature_store import FeatureStore
-    from blockdraft.data.store_identity import check_store_for_training
+    from blockdraft.data.store_identity import check_store_for_training, check_store_teacher
 
     store = FeatureStore.open(cfg.data.features)
     check_store_for_training(store, cfg.target.path, target_config, layer_ids, tokenizer, cfg.data)
+    check_store_teacher(store, cfg.train.kl_weight, cfg.train.teacher_top_k)
     if cfg.data.val and not store.has_split("val"):
         raise ConfigError(
             f"data.val={cfg.data.val} is set but the store {store.root} holds no val split; capture one with "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
 
 from blockdraft.models.target import TargetModel
@@ -9,12 +11,29 @@ from blockdraft.models.target import TargetModel
 
 @torch.no_grad()
 def batch_features(target: TargetModel, batch: dict) -> torch.Tensor:
-    """-> [N, T, n*H]. Rows holding one document go through the target as they are; packed
-    rows are run document by document, since the target's causal mask alone would let a
-    document attend to the one packed before it."""
+    """-> [N, T, n*H]; layers after the deepest captured one are not run."""
+    return _run(target, batch, with_final=False)[0]
+
+
+@torch.no_grad()
+def batch_features_and_final(target: TargetModel, batch: dict) -> Tuple[torch.Tensor, torch.Tensor]:
+    """-> (features [N, T, n*H], the target's final hidden states [N, T, H]): what soft labels need."""
+    return _run(target, batch, with_final=True)
+
+
+def _run(target: TargetModel, batch: dict, with_final: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rows holding one document go through the target as they are; packed rows are run
+    document by document, since the target's causal mask alone would let a document attend
+    to the one packed before it."""
+
+    def forward(ids, mask):
+        if with_final:
+            return target.capture_with_final(ids, attention_mask=mask)
+        return target.capture(ids, attention_mask=mask), None
+
     docs = batch["document_ids"]
     if int(docs.max()) <= 0:
-        return target.capture(batch["input_ids"], attention_mask=batch["attention_mask"].long())
+        return forward(batch["input_ids"], batch["attention_mask"].long())
     n, t = docs.shape
     pieces = []  # (row, start, end)
     for row in range(n):
@@ -29,8 +48,11 @@ def batch_features(target: TargetModel, batch: dict) -> torch.Tensor:
     for i, (row, s, e) in enumerate(pieces):
         ids[i, : e - s] = batch["input_ids"][row, s:e]
         mask[i, : e - s] = 1
-    feats = target.capture(ids, attention_mask=mask)  # [D, Lmax, F]
-    out = torch.zeros(n, t, feats.shape[-1], dtype=feats.dtype, device=feats.device)
-    for i, (row, s, e) in enumerate(pieces):
-        out[row, s:e] = feats[i, : e - s]
-    return out
+    outputs = [o for o in forward(ids, mask) if o is not None]  # [D, Lmax, *] each
+    placed = []
+    for piece_out in outputs:
+        out = torch.zeros(n, t, piece_out.shape[-1], dtype=piece_out.dtype, device=piece_out.device)
+        for i, (row, s, e) in enumerate(pieces):
+            out[row, s:e] = piece_out[i, : e - s]
+        placed.append(out)
+    return placed[0], (placed[1] if with_final else None)

@@ -94,6 +94,8 @@ def summarize(sums: dict, world_tokens: Optional[float] = None) -> dict:
     }
     acc = sums["slot_correct"] / sums["slot_supervised"]
     out["acc_per_slot"] = [None if math.isnan(x) else round(x, 4) for x in acc.tolist()[1:]]
+    if "kl_sum" in sums:
+        out["kl"] = float(sums["kl_sum"] / sums["micro_batches"])
     if "labels_outside_vocab" in sums:
         out["label_outside_vocab_share"] = float(sums["labels_outside_vocab"] / sums["slot_supervised"].sum().clamp_min(1))
     if "selector_loss_sum" in sums:

@@ -34,7 +34,7 @@ def slot_weights(offset: Tensor, gamma: Optional[float]) -> Tensor:
     return torch.exp(-offset.clamp(min=0).float() / gamma)
 
 
-def _weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
+def weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
     """sum(w * v) / sum(w); 0, still on `values`' graph, when sum(w) is 0."""
     total = weights.sum()
     # A safe denominator instead of a where() over a division: the unused branch of
@@ -46,7 +46,7 @@ def _weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
 def block_cross_entropy(logits: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
     """Weighted CE over supervised slots. logits [M, V], labels [M], weights [M] -> []."""
     ce = F.cross_entropy(logits.float(), labels, reduction="none")  # [M]
-    return _weighted_mean(ce, weights.float())
+    return weighted_mean(ce, weights.float())
 
 
 def _chunk_ce(
@@ -57,6 +57,90 @@ def _chunk_ce(
     if logit_transform is not None:
         logits = logit_transform(logits)
     return F.cross_entropy(logits.float(), labels, reduction="none")  # [m]
+
+
+def chunked_cross_entropy_rows(
+    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, chunk_size: int,
+    logit_transform: Optional[LogitTransform] = None,
+) -> Tensor:
+    """Per-row CE of `logit_transform(hidden @ lm_head_weight.T)`: [M], chunked and checkpointed
+    like `chunked_block_cross_entropy` (at most [chunk_size, V] logits live at once)."""
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size={chunk_size}: the CE chunk needs at least one row")
+    if hidden.shape[0] == 0:
+        return (hidden.sum() + lm_head_weight.sum()).float().reshape(1)[:0]
+    return torch.cat([
+        checkpoint(_chunk_ce, h, lm_head_weight, y, logit_transform, use_reentrant=False)
+        for h, y in zip(hidden.split(chunk_size), labels.split(chunk_size))
+    ])
+
+
+# --- soft labels from the target ------------------------------------------------------------
+def teacher_log_probs(teacher_logits: Tensor, usable: Tensor, temperature: float) -> Tensor:
+    """The target's top-k distribution, renormalised over the usable candidates.
+
+    teacher_logits [M, k], usable [M, k] bool (False: a candidate the draft cannot emit, e.g.
+    outside a reduced vocabulary) -> log q [M, k], -inf where unusable (rows with no usable
+    candidate are all -inf)."""
+    scaled = teacher_logits.float() / temperature
+    return torch.log_softmax(scaled.masked_fill(~usable, float("-inf")), dim=-1)
+
+
+def forward_kl_rows(draft_logits: Tensor, teacher_ids: Tensor, teacher_logq: Tensor, temperature: float) -> Tensor:
+    """KL(q || p) per row over the teacher's candidates: sum_j q_j (log q_j - log p_j), times T^2.
+
+    draft_logits [M, V] (the draft's full distribution p = softmax(logits / T)), teacher_ids
+    [M, k] draft-vocabulary ids, teacher_logq [M, k] from `teacher_log_probs` -> [M]. The T^2
+    keeps the gradient's scale independent of the temperature (as in distillation since
+    Hinton et al.); rows with no usable candidate give 0."""
+    logp = torch.log_softmax(draft_logits.float() / temperature, dim=-1).gather(-1, teacher_ids)  # [M, k]
+    q = teacher_logq.exp()
+    terms = torch.where(q > 0, q * (teacher_logq - logp), torch.zeros_like(q))
+    return terms.sum(-1) * temperature**2
+
+
+def _chunk_kl(hidden, lm_head_weight, teacher_ids, teacher_logq, temperature, logit_transform):
+    logits = hidden @ lm_head_weight.t()
+    if logit_transform is not None:
+        logits = logit_transform(logits)
+    return forward_kl_rows(logits, teacher_ids, teacher_logq, temperature)
+
+
+def chunked_forward_kl_rows(
+    hidden: Tensor, lm_head_weight: Tensor, teacher_ids: Tensor, teacher_logq: Tensor, temperature: float,
+    chunk_size: int, logit_transform: Optional[LogitTransform] = None,
+) -> Tensor:
+    """`forward_kl_rows` of `logit_transform(hidden @ lm_head_weight.T)`: [M], chunked and checkpointed."""
+    if hidden.shape[0] == 0:
+        return (hidden.sum() + lm_head_weight.sum()).float().reshape(1)[:0]
+    return torch.cat([
+        checkpoint(_chunk_kl, h, lm_head_weight, i, q, temperature, logit_transform, use_reentrant=False)
+        for h, i, q in zip(hidden.split(chunk_size), teacher_ids.split(chunk_size), teacher_logq.split(chunk_size))
+    ])
+
+
+# --- position weights -----------------------------------------------------------------------
+POSITION_WEIGHTINGS = ("decay", "dpace")
+
+
+@torch.no_grad()
+def dpace_weights(label_prob: Tensor, supervised: Tensor, alpha: float) -> Tensor:
+    """D-PACE per-slot weights (arXiv 2605.18810), per block, from the draft's own confidence.
+
+    label_prob [..., B]: the draft's probability of each slot's label (any value where not
+    supervised), supervised [..., B] bool -> weights [..., B] (0 where not supervised).
+    With s_k = alpha + (1 - alpha) p_k on supervised slots (1 elsewhere, so they leave the
+    products alone), the cumulative confidence P_k = prod_{i<=k} s_i, and the weight is
+    w_k = sum_{j>=k, supervised} P_j = P_k * (1 + s_{k+1} + s_{k+1} s_{k+2} + ...): the chance
+    of reaching slot k times the value of the tokens that can follow it. Detached: a weight,
+    never a path for gradients."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"dpace_alpha={alpha}: the D-PACE smoothing must lie in [0, 1] (0.5 is the paper's)")
+    m = supervised.to(label_prob.dtype)
+    smooth = torch.where(supervised, alpha + (1.0 - alpha) * label_prob, torch.ones_like(label_prob))
+    reach = torch.cumprod(smooth, dim=-1) * m  # [..., B]
+    suffix = reach.flip(-1).cumsum(-1).flip(-1)
+    return suffix * m
 
 
 def chunked_block_cross_entropy(
@@ -85,7 +169,7 @@ def chunked_block_cross_entropy(
         for h, y in zip(hidden.split(chunk_size), labels.split(chunk_size))
     ]
     ce = torch.cat(per_row)  # [M]
-    return _weighted_mean(ce, weights.float())
+    return weighted_mean(ce, weights.float())
 
 
 def topk_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -115,6 +199,6 @@ def selector_cross_entropy(
     found = hit.any(dim=-1)  # [M]
     target = hit.int().argmax(dim=-1)  # [M]: position of the label; 0 where absent (masked)
     ce = F.cross_entropy(scores.float(), target, reduction="none")  # [M]
-    loss = _weighted_mean(ce, weights.float() * found)
+    loss = weighted_mean(ce, weights.float() * found)
     recall = found.float().mean()
     return loss, recall

@@ -30,6 +30,7 @@ def check_config(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"train.max_steps={t.max_steps}: train at least one step.")
     if not t.feature_noise_std >= 0:
         raise ConfigError(f"train.feature_noise_std={t.feature_noise_std}: use 0 (off) or a positive standard deviation.")
+    check_loss_weights(t)
     if t.attention_backend not in ATTENTION_BACKENDS:
         raise ConfigError(f"train.attention_backend={t.attention_backend!r}; use one of {list(ATTENTION_BACKENDS)}.")
     if cfg.draft.block_size < 2:
@@ -51,6 +52,21 @@ def check_config(cfg: TrainAppConfig) -> None:
         cfg.data.validate(require_train=True)
     elif not cfg.data.train:
         raise ConfigError("prepare.regenerate_builtin needs data.train: the file the answers are written to.")
+
+
+def check_loss_weights(t) -> None:
+    from blockdraft.train.losses import POSITION_WEIGHTINGS
+
+    if t.position_weighting not in POSITION_WEIGHTINGS:
+        raise ConfigError(f"train.position_weighting={t.position_weighting!r}; use one of {list(POSITION_WEIGHTINGS)}.")
+    if not 0.0 <= t.dpace_alpha <= 1.0:
+        raise ConfigError(f"train.dpace_alpha={t.dpace_alpha}: the D-PACE smoothing must lie in [0, 1] (0.5 is the paper's).")
+    if t.ce_weight < 0 or t.kl_weight < 0 or t.ce_weight + t.kl_weight == 0:
+        raise ConfigError(f"train.ce_weight={t.ce_weight}, train.kl_weight={t.kl_weight}: use weights >= 0, not both 0.")
+    if t.kl_weight > 0 and t.teacher_top_k < 1:
+        raise ConfigError(f"train.teacher_top_k={t.teacher_top_k}: keep at least the target's best token (32 is usual).")
+    if not t.kl_temperature > 0:
+        raise ConfigError(f"train.kl_temperature={t.kl_temperature}: use a positive temperature (1.0 = the distributions as they are).")
 
 
 def check_target_path(target) -> None:

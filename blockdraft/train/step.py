@@ -18,14 +18,19 @@ from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
-from blockdraft.train.features import batch_features
+from blockdraft.train.features import batch_features, batch_features_and_final
 from blockdraft.train.losses import (
-    block_cross_entropy,
-    chunked_block_cross_entropy,
+    chunked_cross_entropy_rows,
+    chunked_forward_kl_rows,
+    dpace_weights,
+    forward_kl_rows,
     selector_cross_entropy,
     slot_weights,
+    teacher_log_probs,
     topk_candidates,
+    weighted_mean,
 )
+from blockdraft.train.teacher import slot_teacher
 from blockdraft.train.masks import dense_block_mask, flex_block_mask
 from blockdraft.train.metrics import accept_length
 
@@ -62,8 +67,16 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     b = dcfg.block_size
     blocks = draw_blocks(batch, cfg, b, dcfg.mask_token_id, generator)
     started = _now(batch["input_ids"].device)
-    # From a feature store the batch carries the target's features; online, the target runs now.
-    features = batch["features"] if "features" in batch else batch_features(target, batch)  # [N, T, n*H_t]
+    # From a feature store the batch carries the target's features; online, the target runs now
+    # (through its last layer when soft labels need its distribution).
+    online_soft_labels = cfg.kl_weight > 0 and "features" not in batch
+    final_hidden = None
+    if "features" in batch:
+        features = batch["features"]  # [N, T, n*H_t]
+    elif online_soft_labels:
+        features, final_hidden = batch_features_and_final(target, batch)
+    else:
+        features = batch_features(target, batch)
     target_seconds = _now(batch["input_ids"].device) - started
     if cfg.feature_noise_std and draft.training:
         features = add_feature_noise(features, cfg.feature_noise_std, generator)
@@ -76,23 +89,30 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     sup = blocks.label_mask  # [N, A, B]
     h_sup = hidden[sup]  # [M, H]
     labels = blocks.labels[sup]  # [M] target ids
-    weights = slot_weights(blocks.slot_weights_offset[sup], cfg.gamma)  # [M]
     # A reduced vocabulary: the loss runs over draft ids; labels outside it cannot be drafted and
     # are left out of the loss (they still count as misses in the metrics, as in serving).
     loss_labels = module.to_draft_ids(labels)  # [M]
     outside = loss_labels < 0
-    loss_labels, loss_weights = loss_labels.clamp(min=0), weights * ~outside
+    loss_labels = loss_labels.clamp(min=0)
     lm_head = module.head_weight(target.lm_head_weight)  # [V_draft, H]
     chunk = cfg.loss_chunk_size
     if chunk:
-        loss = chunked_block_cross_entropy(h_sup, lm_head, loss_labels, loss_weights, chunk, _transform(module))
+        ce = chunked_cross_entropy_rows(h_sup, lm_head, loss_labels, chunk, _transform(module))  # [M]
         pred_sup, logits = _chunked_argmax(module, h_sup, lm_head, chunk), None
     else:
         logits = module.draft_logits(h_sup, target.lm_head_weight)  # [M, V_draft]
-        loss = block_cross_entropy(logits, loss_labels, loss_weights)
+        ce = F.cross_entropy(logits.float(), loss_labels, reduction="none")  # [M]
         pred_sup = logits.argmax(-1)
+    weights = position_weights(cfg, blocks, sup, ce, outside)  # [M]
+    loss = cfg.ce_weight * weighted_mean(ce, weights * ~outside) if cfg.ce_weight else 0.0
+    sums = {"micro_batches": torch.tensor(1.0), "time_target_s": torch.tensor(target_seconds)}
+    if cfg.kl_weight > 0:
+        kl = _soft_label_kl(module, cfg, batch, final_hidden, target, blocks, sup, h_sup, lm_head, logits)  # [M]
+        kl_loss = weighted_mean(kl, weights)
+        loss = loss + cfg.kl_weight * kl_loss
+        sums["kl_sum"] = kl_loss.detach() * 1.0
+    sums["loss_sum"] = loss.detach() * 1.0
     pred_sup = module.to_target_ids(pred_sup)
-    sums = {"loss_sum": loss.detach() * 1.0, "micro_batches": torch.tensor(1.0), "time_target_s": torch.tensor(target_seconds)}
     if module.reduced_vocab:
         sums["labels_outside_vocab"] = outside.sum().float()
     if isinstance(module, DFlash2DraftModel):
@@ -102,6 +122,29 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
     return StepResult(loss, sums)
+
+
+def position_weights(cfg: LoopConfig, blocks, sup, ce, outside) -> torch.Tensor:
+    """Each supervised slot's weight [M]: the slot decay, or D-PACE from the draft's confidence in
+    its label (exp(-CE); 0 for a label outside a reduced vocabulary, which it can never draft)."""
+    if cfg.position_weighting == "decay":
+        return slot_weights(blocks.slot_weights_offset[sup], cfg.gamma)
+    confidence = torch.zeros(sup.shape, dtype=torch.float32, device=ce.device)
+    confidence[sup] = torch.exp(-ce.detach().float()) * ~outside
+    return dpace_weights(confidence, sup, cfg.dpace_alpha)[sup]
+
+
+def _soft_label_kl(module, cfg: LoopConfig, batch, final_hidden, target, blocks, sup, h_sup, lm_head, logits):
+    """Forward KL per supervised slot [M] against the target's top-k, in the draft's vocabulary."""
+    teacher_ids, teacher_logits = slot_teacher(batch, final_hidden, target.lm_head_weight, blocks.anchors, sup,
+                                               cfg.teacher_top_k)
+    draft_ids = module.to_draft_ids(teacher_ids)  # -1: a candidate the draft's vocabulary lacks
+    usable = draft_ids >= 0
+    logq = teacher_log_probs(teacher_logits, usable, cfg.kl_temperature)
+    draft_ids = draft_ids.clamp(min=0)
+    if logits is not None:
+        return forward_kl_rows(logits, draft_ids, logq, cfg.kl_temperature)
+    return chunked_forward_kl_rows(h_sup, lm_head, draft_ids, logq, cfg.kl_temperature, cfg.loss_chunk_size, _transform(module))
 
 
 def add_feature_noise(features: torch.Tensor, std: float, generator) -> torch.Tensor:

@@ -38,6 +38,27 @@ def test_training_from_a_float32_store_equals_online_training(fp32_store, tmp_pa
         torch.testing.assert_close(_weights(stored, 20)[name], t, rtol=1e-4, atol=1e-6)
 
 
+def test_soft_labels_from_a_float32_store_equal_online_soft_labels(tmp_path):
+    soft = ["train.kl_weight=0.5", "train.teacher_top_k=8", "train.position_weighting=dpace"]
+    store = capture_tiny(tmp_path / "soft", "storage_dtype=float32", "data.val=null", *soft)
+    assert json.loads((store / "index.json").read_text())["identity"]["teacher_top_k"] == 8
+    args = ["train.max_steps=10", "train.log_every=5", "data.val=null", *soft]
+    online = train_tiny(tmp_path / "online", *args)
+    stored = train_tiny(tmp_path / "stored", *args, f"data.features={store}")
+    for a, b in zip(_train_rows(online), _train_rows(stored)):
+        assert a["kl"] > 0 and b["kl"] == pytest.approx(a["kl"], rel=1e-5)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    for name, t in _weights(online, 10).items():
+        torch.testing.assert_close(_weights(stored, 10)[name], t, rtol=1e-4, atol=1e-6)
+
+
+def test_soft_labels_from_a_store_without_them_are_refused_before_training(fp32_store, tmp_path):
+    with pytest.raises(ConfigError, match="kept no soft labels") as err:
+        train_tiny(tmp_path / "run", f"data.features={fp32_store}", "train.kl_weight=0.5")
+    assert "train.teacher_top_k=32" in str(err.value)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_training_from_a_float16_store_stays_within_its_rounding(tmp_path):
     store = capture_tiny(tmp_path / "fp16")  # float16 is the default
     args = ["train.max_steps=10", "train.log_every=5", "data.val=null"]

@@ -6,6 +6,7 @@ vLLM run is the lead's train -> export -> serve test; this one needs no serving 
 """
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -36,11 +37,25 @@ def test_a_lossless_active_run_passes_and_writes_its_report(setup):
     assert report["passed"] and report["lossless"] and report["draft_active"], report["failures"]
     assert report["engine"] == "vllm" and not report["incomplete"]
     # Per prompt of 16 tokens: 4 drafts, 6 accepted -> 1 + 6/4; the warm-up request is not counted.
-    assert report["mean_acceptance_length"] == pytest.approx(2.5)
+    assert report["mean_acceptance_length"] == pytest.approx(2.5)  # the same in both rounds
     assert report["acceptance_per_position"] == pytest.approx([0.5, 0.5, 0.5])
-    assert set(report["timings_s"]) >= {"startup_baseline", "generation_baseline", "startup_draft", "generation_draft"}
+    # Two rounds (the default) on fresh servers, the second in the other order, each kept.
+    assert set(report["timings_s"]) >= {"startup_baseline", "generation_baseline", "startup_draft", "generation_draft",
+                                        "startup_baseline_round2", "generation_draft_round2"}
+    assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"], ["draft", "baseline"]]
+    ratios = [r["speedup"] for r in report["rounds"]]
+    assert report["speedup"] == pytest.approx(statistics.median(ratios)) and report["speedup_spread"] == [min(ratios), max(ratios)]
+    for name in ("vllm_baseline.log", "vllm_draft.log", "vllm_baseline_round2.log", "vllm_draft_round2.log"):
+        assert (Path(setup.out) / name).is_file()
     written = json.loads((Path(setup.out) / "report.json").read_text())
-    assert written["tokens_generated"] == {"baseline": 64, "draft": 64}
+    assert written["tokens_generated"] == {"baseline": 128, "draft": 128}
+
+
+def test_one_round_serves_each_side_once(setup):
+    setup.rounds = 1
+    report = harness.run(setup)
+    assert report["passed"] and len(report["rounds"]) == 1 and report["tokens_generated"] == {"baseline": 64, "draft": 64}
+    assert not (Path(setup.out) / "vllm_draft_round2.log").exists()
 
 
 def test_a_differing_draft_run_is_reported_with_prompt_and_position(setup, monkeypatch):

@@ -42,5 +42,8 @@ def test_trained_tiny_draft_is_lossless_and_active_in_vllm(tiny_dflash_run, tmp_
     assert report["draft_active"] is True
     assert report["mean_acceptance_length"] > 1.2
     assert len(report["acceptance_per_position"]) == 3  # block 4 -> num_speculative_tokens 3
+    # The default two rounds, in alternating order, each lossless against the first baseline.
+    assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"], ["draft", "baseline"]]
+    assert all(r["speedup"] > 0 for r in report["rounds"]) and report["speedup_spread"][0] <= report["speedup"]
     assert (out / "acceptance.png").stat().st_size > 0
     assert _vllm_processes() == before, "a vLLM process outlived the harness"

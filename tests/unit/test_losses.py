@@ -204,3 +204,27 @@ def test_accept_length_starts_at_the_prefix():
     prefix_len = torch.tensor([[2, 3]])
     total, count = accept_length(pred, labels, mask, prefix_len)
     assert (total.item(), count.item()) == ((2 + 1) + (1 + 1), 2)
+
+
+def test_dpace_weights_match_a_direct_per_block_computation():
+    from blockdraft.train.losses import dpace_weights
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(5, 3, 7, generator=g)
+    supervised = torch.rand(5, 3, 7, generator=g) > 0.3
+    supervised[..., 0] = False  # the anchor slot
+    alpha = 0.4
+    got = dpace_weights(probs, supervised, alpha)
+    for n in range(5):
+        for a in range(3):
+            slots = [k for k in range(7) if supervised[n, a, k]]
+            smooth = {k: alpha + (1 - alpha) * float(probs[n, a, k]) for k in slots}
+            reach = {k: math.prod(smooth[i] for i in slots if i <= k) for k in slots}  # P_k
+            for k in range(7):
+                want = sum(reach[j] for j in slots if j >= k) if k in slots else 0.0
+                assert float(got[n, a, k]) == pytest.approx(want, rel=1e-5)
+    # alpha = 1 ignores the draft: w_k = number of supervised slots from k on
+    ones = dpace_weights(probs, supervised, 1.0)
+    assert torch.equal(ones, supervised.flip(-1).cumsum(-1).flip(-1).float() * supervised)
+    with pytest.raises(ConfigError, match="dpace_alpha"):
+        dpace_weights(probs, supervised, 1.5)

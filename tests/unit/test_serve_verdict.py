@@ -3,7 +3,7 @@ import json
 import pytest
 
 from blockdraft.serve.client import Completion, SpecMetrics
-from blockdraft.serve.report import PLOT_NAME, REPORT_NAME, RunRecord, build_report, print_table, write_report
+from blockdraft.serve.report import PLOT_NAME, REPORT_NAME, Round, RunRecord, build_report, print_table, write_report
 from blockdraft.serve.verdict import acceptance, compare_outputs, first_difference, judge
 
 ACTIVE = SpecMetrics(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=12, accepted_per_position=[7, 4, 1])
@@ -75,7 +75,7 @@ def test_near_ties_pass_only_when_allowed():
 
 
 def test_report_has_the_promised_keys_and_files(tmp_path):
-    record = RunRecord(sources=["p0"], baseline=[c(0, [1, 2], seconds=2.0)], draft=[c(0, [1, 2], seconds=1.0)], metrics=ACTIVE)
+    record = RunRecord(sources=["p0"], rounds=[Round(baseline=[c(0, [1, 2], seconds=2.0)], draft=[c(0, [1, 2], seconds=1.0)], metrics=ACTIVE)])
     report = build_report(record)
     for key in ("lossless", "draft_active", "mean_acceptance_length", "acceptance_per_position",
                 "tokens_per_s_baseline", "tokens_per_s_draft", "speedup", "engine", "incomplete"):
@@ -87,7 +87,7 @@ def test_report_has_the_promised_keys_and_files(tmp_path):
 
 
 def test_a_stopped_run_is_reported_incomplete_and_failed(tmp_path, capsys):
-    record = RunRecord(sources=["p0"], baseline=[c(0, [1])], error="vLLM exited with code 1\nlog tail")
+    record = RunRecord(sources=["p0"], rounds=[Round(baseline=[c(0, [1])])], error="vLLM exited with code 1\nlog tail")
     report = build_report(record)
     assert report["incomplete"] and not report["passed"] and report["lossless"] is None
     assert report["failures"] == ["incomplete: vLLM exited with code 1"]
@@ -97,6 +97,41 @@ def test_a_stopped_run_is_reported_incomplete_and_failed(tmp_path, capsys):
 
 
 def test_reference_engine_is_said_plainly(capsys):
-    record = RunRecord(engine="reference", sources=["p0"], baseline=[c(0, [1])], draft=[c(0, [1])], metrics=ACTIVE)
+    record = RunRecord(engine="reference", sources=["p0"], rounds=[Round(baseline=[c(0, [1])], draft=[c(0, [1])], metrics=ACTIVE)])
     print_table(build_report(record))
     assert "REFERENCE engine" in capsys.readouterr().out
+
+
+def _round(base_seconds, draft_seconds, draft_ids=(1, 2), order=("baseline", "draft")):
+    return Round(order=order, baseline=[c(0, [1, 2], seconds=base_seconds)],
+                 draft=[c(0, list(draft_ids), seconds=draft_seconds)], metrics=ACTIVE)
+
+
+def test_the_speedup_is_the_median_of_the_rounds_with_their_spread(capsys):
+    rounds = [_round(2.0, 1.0), _round(3.0, 2.0, order=("draft", "baseline")), _round(1.0, 1.0)]
+    report = build_report(RunRecord(sources=["p0"], rounds=rounds, planned_rounds=3))
+    assert [r["speedup"] for r in report["rounds"]] == pytest.approx([2.0, 1.5, 1.0])
+    assert report["speedup"] == pytest.approx(1.5) and report["speedup_spread"] == pytest.approx([1.0, 2.0])
+    assert report["rounds"][1]["order"] == ["draft", "baseline"]
+    # the counters of every draft run count: three rounds of ACTIVE
+    assert report["spec_decode"]["num_drafts"] == 30 and report["mean_acceptance_length"] == pytest.approx(1 + 36 / 30)
+    print_table(report)
+    assert "1.500 (median of 3 rounds, 1.000 to 2.000)" in capsys.readouterr().out
+
+
+def test_a_later_round_that_differs_fails_naming_its_round():
+    report = build_report(RunRecord(sources=["p0"], rounds=[_round(2.0, 1.0), _round(2.0, 1.0, draft_ids=(1, 3))], planned_rounds=2))
+    assert not report["passed"] and not report["lossless"]
+    assert report["mismatches"][0]["round"] == 2 and "in round 2" in report["failures"][0]
+
+
+def test_a_baseline_that_changes_between_rounds_is_named():
+    drifting = Round(baseline=[c(0, [1, 4])], draft=[c(0, [1, 4])], metrics=ACTIVE)
+    report = build_report(RunRecord(sources=["p0"], rounds=[_round(2.0, 1.0), drifting], planned_rounds=2))
+    assert not report["passed"] and any("baseline itself is not reproducible" in f for f in report["failures"])
+
+
+def test_a_run_stopped_before_its_last_round_is_incomplete():
+    report = build_report(RunRecord(sources=["p0"], rounds=[_round(2.0, 1.0)], planned_rounds=2))
+    assert report["incomplete"] and not report["passed"]
+    assert report["speedup"] == pytest.approx(2.0) and len(report["rounds"]) == 1  # what ran is still reported

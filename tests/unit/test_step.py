@@ -175,3 +175,82 @@ def test_feature_noise_changes_training_only_and_is_reproducible(tiny_hf, tiny_t
     assert not torch.equal(loss(noisy, True), loss(plain, True))
     torch.testing.assert_close(loss(noisy, True), loss(noisy, True))  # the micro-batch generator draws it
     torch.testing.assert_close(loss(noisy, False), loss(plain, False))  # validation sees clean features
+
+
+def _naive_dpace_and_kl_loss(draft, target, batch, cfg, blocks):
+    """Per block, from the definitions: D-PACE weights from the block's own label probabilities,
+    and the forward KL against the target's top-k at the position before each slot."""
+    b, alpha, T, k = draft.config.block_size, cfg.dpace_alpha, cfg.kl_temperature, cfg.teacher_top_k
+    target_logits = target.model(input_ids=batch["input_ids"]).logits  # [N, T, V]
+    ce_num = kl_num = den = 0.0
+    for row, j, hidden in _each_block(draft, target, batch, blocks):
+        logits = draft.logits(hidden, target.lm_head_weight)[0]  # [B, V]
+        slots = [s for s in range(1, b) if blocks.label_mask[row, j, s]]
+        probs = {s: float(torch.softmax(logits[s].detach(), -1)[blocks.labels[row, j, s]]) for s in slots}
+        for s in slots:
+            reach, weight = 1.0, 0.0
+            for i in slots:  # w_s = sum over supervised j >= s of prod_{supervised i <= j} s_i
+                if i <= s:
+                    reach *= alpha + (1 - alpha) * probs[i]
+            tail = reach
+            weight = tail
+            for i in slots:
+                if i > s:
+                    tail *= alpha + (1 - alpha) * probs[i]
+                    weight += tail
+            ce = torch.nn.functional.cross_entropy(logits[s], blocks.labels[row, j, s])
+            anchor = int(blocks.anchors[row, j])
+            top = target_logits[row, anchor + s - 1].topk(k)
+            q = torch.softmax(top.values / T, -1)
+            logp = torch.log_softmax(logits[s] / T, -1)[top.indices]
+            kl = (q * (q.log() - logp)).sum() * T * T
+            ce_num, kl_num, den = ce_num + weight * ce, kl_num + weight * kl, den + weight
+    return cfg.ce_weight * ce_num / den + cfg.kl_weight * kl_num / den
+
+
+def test_dpace_and_soft_label_step_equals_naive_per_block_loop(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "dflash")
+    cfg = LoopConfig(num_anchors=5, position_weighting="dpace", dpace_alpha=0.3, ce_weight=0.6, kl_weight=0.7,
+                     teacher_top_k=9, kl_temperature=1.5)
+    batch = _batch()
+    blocks = draw_blocks(batch, cfg, draft.config.block_size, MASK_ID, torch.Generator().manual_seed(3))
+    result = train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(result.loss, _naive_dpace_and_kl_loss(draft, tiny_target, batch, cfg, blocks), rtol=1e-5, atol=1e-5)
+    assert float(result.sums["kl_sum"]) > 0
+    chunked = train_step(draft, tiny_target, batch, dataclasses.replace(cfg, loss_chunk_size=7), torch.Generator().manual_seed(3))
+    torch.testing.assert_close(chunked.loss, result.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_soft_labels_from_stored_top_k_equal_the_online_ones(tiny_hf, tiny_target):
+    from blockdraft.train.features import batch_features_and_final
+    from blockdraft.train.teacher import teacher_topk_rows
+
+    draft = make_draft(tiny_hf, "dflash")
+    cfg = LoopConfig(num_anchors=5, kl_weight=1.0, teacher_top_k=6)
+    batch = _batch()
+    features, final = batch_features_and_final(tiny_target, batch)
+    rows = [teacher_topk_rows(final[r], batch["loss_mask"][r], tiny_target.lm_head_weight, 8) for r in range(2)]
+    stored = {**batch, "features": features, "teacher_ids": torch.stack([r[0] for r in rows]).long(),
+              "teacher_logits": torch.stack([r[1] for r in rows])}
+    online = train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3))
+    from_store = train_step(draft, tiny_target, stored, cfg, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(from_store.loss, online.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(from_store.sums["kl_sum"], online.sums["kl_sum"], rtol=1e-5, atol=1e-6)
+
+
+def test_soft_labels_outside_a_reduced_vocabulary_are_dropped_and_renormalised(tiny_hf, tiny_target):
+    """A draft whose logits are the target's own, restricted to its vocabulary, has KL 0 against the
+    teacher renormalised over that vocabulary (candidates outside it dropped); any other draft has more."""
+    from blockdraft.train.losses import forward_kl_rows, teacher_log_probs
+
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(3, 10, generator=g)
+    vocab = torch.tensor([0, 2, 4, 6, 8])
+    top = full.topk(10)
+    usable = torch.isin(top.indices, vocab)
+    draft_ids = torch.searchsorted(vocab, top.indices).clamp(max=4)
+    logq = teacher_log_probs(top.values, usable, 1.0)
+    kl = forward_kl_rows(full[:, vocab], draft_ids, logq, 1.0)
+    torch.testing.assert_close(kl, torch.zeros(3), atol=1e-6, rtol=0)
+    other = full[:, vocab] + torch.randn(3, 5, generator=g)
+    assert (forward_kl_rows(other, draft_ids, logq, 1.0) > 0).all()

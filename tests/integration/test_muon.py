@@ -38,3 +38,27 @@ def test_resuming_an_adamw_run_with_muon_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="trained with optim.name=muon"):
         train_tiny(tmp_path / "muon", "optim=muon", "train.max_steps=5", "data.val=null")
         train_tiny(tmp_path / "muon", "train.max_steps=10", "resume=auto", "data.val=null")
+
+
+def test_muon_in_float32_follows_torchs_bfloat16_iteration():
+    """On a CPU the Newton-Schulz iteration runs in float32 (bfloat16 matmuls are slow there): the same
+    iteration as torch.optim.Muon's, to bfloat16's precision, and one optimizer step of each agrees."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from blockdraft.train.optim import OptimConfig, build_optimizer, newton_schulz_float32
+
+    g = torch.randn(48, 80, generator=torch.Generator().manual_seed(0))
+    coefficients = (3.4445, -4.7750, 2.0315)
+    ours, theirs = newton_schulz_float32(g, coefficients, 5, 1e-7), _zeropower_via_newtonschulz(g, coefficients, 5, 1e-7)
+    assert ours.dtype == torch.float32 and ours.shape == g.shape
+    torch.testing.assert_close(ours, theirs.float(), atol=0.03, rtol=0.05)
+    steps = {}
+    for dtype in ("float32", "bfloat16"):
+        w = torch.nn.Parameter(torch.ones(48, 80))
+        optimizer = build_optimizer([w], OptimConfig(name="muon", lr=1e-2, muon_ns_dtype=dtype))
+        assert optimizer.ns_dtype == dtype
+        w.grad = g.clone()
+        optimizer.step()
+        steps[dtype] = w.detach() - 1
+    torch.testing.assert_close(steps["float32"], steps["bfloat16"], atol=2e-4, rtol=0.05)
+    assert build_optimizer([torch.nn.Parameter(torch.ones(4, 4))], OptimConfig(name="muon")).ns_dtype == "float32"  # auto on a CPU

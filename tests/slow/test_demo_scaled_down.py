@@ -19,6 +19,12 @@ SCALED_DOWN = [
 ]
 
 
+def demo_stages():
+    from blockdraft.demo import STAGES
+
+    return STAGES
+
+
 def run_demo(work_dir: Path) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "blockdraft.demo", "--work-dir", str(work_dir), *SCALED_DOWN]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -42,10 +48,11 @@ def test_scaled_down_demo_runs_end_to_end_and_a_rerun_skips_every_stage(tmp_path
     assert report["spec_decode"]["num_drafts"] > 0  # the draft was asked for tokens
     assert (work / "export" / "config.json").is_file()
     assert len((work / "regen" / "heldout.jsonl").read_text().splitlines()) == 4
-    for artifact in ("train_rows", "export", "report", "acceptance_plot"):
+    assert (work / "store" / "index.json").is_file()  # trained from the capture's feature store
+    for artifact in ("train_rows", "store", "export", "report", "acceptance_plot"):
         assert artifact in first.stdout
 
     second = run_demo(work)
     assert second.returncode == first.returncode
-    assert second.stdout.count(": cached (") == 5, second.stdout[-3000:]
+    assert second.stdout.count(": cached (") == len(demo_stages()), second.stdout[-3000:]
     assert "mean acceptance length" in second.stdout

@@ -23,16 +23,23 @@ def test_a_stage_is_finished_only_with_the_same_key_and_marked_done(tmp_path):
 def test_changing_a_stage_setting_changes_its_key_and_every_later_key():
     base, more = keys(DemoSettings()), keys(DemoSettings(num_train=10))
     assert base["target"] == more["target"]
-    assert all(base[s] != more[s] for s in ("regen", "train", "export", "serve"))
+    assert all(base[s] != more[s] for s in ("regen", "capture", "train", "export", "serve"))
     served = keys(DemoSettings(serve_prompts=3))
-    assert [base[s] == served[s] for s in demo.STAGES] == [True, True, True, True, False]
+    assert [base[s] == served[s] for s in demo.STAGES] == [True, True, True, True, True, False]
+    assert keys(DemoSettings(serve_rounds=3))["serve"] != base["serve"]
 
 
 def test_training_overrides_reach_the_command_and_the_key():
     settings = DemoSettings(steps=7, train_overrides=["optim.lr=1e-3"])
     argv = demo.train_argv(settings)
-    assert "train.max_steps=7" in argv and argv[-1] == "optim.lr=1e-3" and "data.val=null" in argv
+    assert "train.max_steps=7" in argv and "optim.lr=1e-3" in argv and "data.val=null" in argv
     assert keys(settings)["train"] != keys(DemoSettings())["train"]
+    # The capture composes the same recipe and overrides, so the store is what training reads.
+    capture = demo.capture_argv(settings)
+    assert "optim.lr=1e-3" in capture and capture[-1] == f"out={settings.paths()['store']}"
+    assert f"data.features={settings.paths()['store']}" in argv
+    assert keys(settings)["capture"] != keys(DemoSettings())["capture"]
+    assert keys(DemoSettings(steps=9))["capture"] == keys(DemoSettings())["capture"]  # steps: train again, not capture
 
 
 def test_paths_are_made_absolute_so_commands_and_in_process_stages_agree(tmp_path, monkeypatch):

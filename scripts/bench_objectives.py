@@ -1,0 +1,101 @@
+"""The training options of the objectives issue side by side on SmolLM2-135M: held-out accept_len
+after the same budget, one option at a time on top of one base recipe.
+
+    .venv/bin/python scripts/bench_objectives.py --store DIR [--steps 1200] [--only NAME ...]
+
+The store must hold the demo's training rows and held-out rows (data.val) with soft labels,
+e.g. `python -m blockdraft.data.capture experiment=smollm2_dflash_cpu data.val=<heldout.jsonl>
+train.kl_weight=0.5 train.teacher_top_k=32 out=DIR`. Every run trains the same rows in the same
+order for the same steps from that store (so the target's forward is not part of the budget),
+validates once at the end on the held-out rows, and runs alone on the cores. Figures go to
+docs/benchmarks.md; each run's metrics stay under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+from bench_serve import REPO, command_line, provenance, write_section
+
+EXPERIMENT = "smollm2_dflash_cpu"
+# (name, what it tests, overrides on top of the base)
+VARIANTS = [
+    ("base", "the base recipe", []),
+    ("mask_embedding", "1. trained mask embedding (mean init)", ["draft.train_mask_embedding=true", "draft.mask_embedding_init=mean"]),
+    ("dpace", "2. D-PACE position weights (alpha 0.5)", ["train.position_weighting=dpace"]),
+    ("muon", "3. Muon for the matrices (muon_lr 2e-2)", ["optim=muon", "optim.lr=2e-3"]),
+    ("soft_labels", "4. soft labels: CE + KL to the target's top-32", ["train.kl_weight=1.0"]),
+    ("feature_noise", "5. Gaussian noise on the features (std 0.5)", ["train.feature_noise_std=0.5"]),
+]
+ENV = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def run_variant(args, name: str, overrides: List[str]) -> dict:
+    run_dir = Path(args.out) / name
+    argv = [sys.executable, "-m", "blockdraft.train", f"experiment={EXPERIMENT}", f"run_dir={run_dir}", "overwrite=true",
+            f"data.features={args.store}", f"data.train={args.train_rows}", f"data.val={args.val_rows}",
+            f"train.max_steps={args.steps}", "train.val_every=0", "train.save_every=0", "train.progress=false",
+            *args.base, *overrides]
+    print("$", " ".join(argv), flush=True)
+    began = time.perf_counter()
+    done = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{name} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in records if r.get("split") == "val"][-1]
+    train = [r for r in records if "step_time_s" in r]
+    first = next(r for r in train)
+    return {"val_accept_len": val["val/accept_len"], "val_acc": val["val/acc_per_slot"], "first_loss": first["loss"],
+            "step_time_s": sum(r["step_time_s"] for r in train[1:]) / max(1, len(train) - 1),
+            "wall_s": time.perf_counter() - began}
+
+
+def section(results: dict, args) -> str:
+    lines = ["| option | overrides | held-out accept_len | acc slot 1 / 2 / 3 | first-window loss | step (s) |",
+             "|---|---|---|---|---|---|"]
+    for name, what, overrides in VARIANTS:
+        if name not in results:
+            continue
+        r = results[name]
+        acc = " / ".join(f"{a:.3f}" for a in r["val_acc"])
+        lines.append(f"| {what} | `{' '.join(overrides) or '-'}` | {r['val_accept_len']:.3f} | {acc} | "
+                     f"{r['first_loss']:.2f} | {r['step_time_s']:.3f} |")
+    setting = (f"Base: `experiment={EXPERIMENT} {' '.join(args.base)}`, {args.steps} steps of one row from the feature "
+               f"store `{args.store}` (the demo's 1000 regenerated rows, float16), validated once at the end on the "
+               "48 held-out rows (accept_len: 1 + the run of correct drafted slots, as vLLM counts a round, over the "
+               "draft's own vocabulary). One row per option; everything else equal.\n")
+    return provenance(command_line()) + "\n" + setting + "\n" + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--train-rows", default=".cache/demo/regen/train.jsonl")
+    parser.add_argument("--val-rows", default=".cache/demo/regen/heldout.jsonl")
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--base", nargs="*", default=["draft.draft_vocab_size=8192"], help="overrides every run shares")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these variants")
+    parser.add_argument("--out", default=".cache/bench/objectives")
+    args = parser.parse_args()
+    results_path = Path(args.out) / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for name, _, overrides in VARIANTS:
+        if args.only is None or name in args.only:
+            results[name] = run_variant(args, name, overrides)
+            results_path.parent.mkdir(parents=True, exist_ok=True)
+            results_path.write_text(json.dumps(results, indent=2) + "\n")
+            print(name, results[name], flush=True)
+    doc = write_section("objectives", "Objectives and inputs: held-out accept_len after the same budget (SmolLM2-135M)",
+                        section(results, args))
+    print(f"wrote {doc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -83,9 +83,11 @@ def run_harness(args) -> Path:
 def serve_section(report: dict, plot: Optional[str], command: str, reused: Optional[str] = None) -> str:
     per_pos = report.get("acceptance_per_position") or []
     rows = [
-        ("tokens/s, target alone", _f(report.get("tokens_per_s_baseline"))),
-        ("tokens/s, with the draft", _f(report.get("tokens_per_s_draft"))),
-        ("speedup", _f(report.get("speedup"), "x")),
+        ("tokens/s, target alone (median of the rounds)", _f(report.get("tokens_per_s_baseline"))),
+        ("tokens/s, with the draft (median of the rounds)", _f(report.get("tokens_per_s_draft"))),
+        ("speedup (median of the rounds)", _f(report.get("speedup"), "x")),
+        ("speedup of each round (order)", "; ".join(f"{_f(r.get('speedup'), 'x')} ({' then '.join(r.get('order', []))})"
+                                                    for r in report.get("rounds") or []) or "-"),
         ("mean acceptance length", _f(report.get("mean_acceptance_length"))),
         ("acceptance per position", " ".join(f"{r:.2f}" for r in per_pos) or "-"),
         ("lossless (every output token identical)", str(report.get("lossless"))),

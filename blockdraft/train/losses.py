@@ -1,9 +1,10 @@
 """Losses of the block drafters, as pure functions.
 
-The caller gathers the supervised slots (`label_mask`) into M rows; every loss here
-is a weighted mean over those rows, sum(w * loss) / sum(w), and is exactly 0, still
-on the inputs' autograd graph (so every rank runs the same backward), when nothing
-is supervised.
+The caller gathers the supervised slots (`label_mask`) into M rows. The `*_rows`
+functions give one value per row; the others are weighted means over the rows,
+sum(w * loss) / sum(w), exactly 0, still on the inputs' autograd graph (so every rank
+runs the same backward), when nothing is supervised. The position weights (the slot
+decay, D-PACE) are here too.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def chunked_cross_entropy_rows(
     if chunk_size < 1:
         raise ConfigError(f"chunk_size={chunk_size}: the CE chunk needs at least one row")
     if hidden.shape[0] == 0:
+        # No chunk to run: an empty row tied to both inputs, so backward still reaches them.
         return (hidden.sum() + lm_head_weight.sum()).float().reshape(1)[:0]
     return torch.cat([
         checkpoint(_chunk_ce, h, lm_head_weight, y, logit_transform, use_reentrant=False)
@@ -157,19 +159,8 @@ def chunked_block_cross_entropy(
     [chunk_size, V] logits live at once: each chunk is checkpointed, so backward
     recomputes its logits instead of keeping them.
     """
-    if chunk_size < 1:
-        raise ConfigError(f"chunk_size={chunk_size}: the CE chunk needs at least one row")
-    if hidden.shape[0] == 0:
-        # No chunk to run: tie the zero to both inputs so backward still reaches them.
-        return (hidden.sum() + lm_head_weight.sum()).float() * 0
-    per_row = [
-        checkpoint(
-            _chunk_ce, h, lm_head_weight, y, logit_transform, use_reentrant=False
-        )
-        for h, y in zip(hidden.split(chunk_size), labels.split(chunk_size))
-    ]
-    ce = torch.cat(per_row)  # [M]
-    return weighted_mean(ce, weights.float())
+    return weighted_mean(chunked_cross_entropy_rows(hidden, lm_head_weight, labels, chunk_size, logit_transform),
+                         weights.float())
 
 
 def topk_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -30,9 +30,9 @@ from blockdraft.train.losses import (
     topk_candidates,
     weighted_mean,
 )
-from blockdraft.train.teacher import slot_teacher
 from blockdraft.train.masks import dense_block_mask, flex_block_mask
 from blockdraft.train.metrics import accept_length
+from blockdraft.train.teacher import slot_teacher
 
 
 @dataclass

@@ -172,9 +172,9 @@ class Capture:
                 features, final = batch_features_and_final(target, device_batch)
                 ids, logits = teacher_topk_rows(final[0], device_batch["loss_mask"][0], target.lm_head_weight, self.teacher_top_k)
                 teacher = {"teacher_ids": ids, "teacher_logits": logits}
-                features = features[0].float().cpu()
             else:
-                features = batch_features(target, device_batch)[0].float().cpu()  # [L, n*H_t]
+                features = batch_features(target, device_batch)
+        features = features[0].float().cpu()  # [L, n*H_t]
         peak = float(features.abs().max()) if features.numel() else 0.0
         if peak > limit:
             raise DataError(

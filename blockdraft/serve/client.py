@@ -49,26 +49,21 @@ class SpecMetrics:
 
     def minus(self, before: "SpecMetrics") -> "SpecMetrics":
         """Counts between two readings (a warm-up request must not count)."""
-        width = max(len(self.accepted_per_position), len(before.accepted_per_position))
-        after_pos = _padded(self.accepted_per_position, width)
-        before_pos = _padded(before.accepted_per_position, width)
-        return SpecMetrics(
-            self.num_drafts - before.num_drafts,
-            self.num_draft_tokens - before.num_draft_tokens,
-            self.num_accepted_tokens - before.num_accepted_tokens,
-            [a - b for a, b in zip(after_pos, before_pos)],
-        )
+        return self._combine(before, lambda a, b: a - b)
 
     def plus(self, other: "SpecMetrics") -> "SpecMetrics":
         """Counts of two runs together (the draft runs of several rounds)."""
-        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
-        return SpecMetrics(
-            self.num_drafts + other.num_drafts,
-            self.num_draft_tokens + other.num_draft_tokens,
-            self.num_accepted_tokens + other.num_accepted_tokens,
-            [a + b for a, b in zip(_padded(self.accepted_per_position, width), _padded(other.accepted_per_position, width))],
-        )
+        return self._combine(other, lambda a, b: a + b)
 
+    def _combine(self, other: "SpecMetrics", op) -> "SpecMetrics":
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        mine, theirs = _padded(self.accepted_per_position, width), _padded(other.accepted_per_position, width)
+        return SpecMetrics(
+            op(self.num_drafts, other.num_drafts),
+            op(self.num_draft_tokens, other.num_draft_tokens),
+            op(self.num_accepted_tokens, other.num_accepted_tokens),
+            [op(a, b) for a, b in zip(mine, theirs)],
+        )
 
 def _padded(values: List[float], width: int) -> List[float]:
     return list(values) + [0.0] * (width - len(values))

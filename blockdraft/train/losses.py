@@ -125,6 +125,11 @@ def chunked_forward_kl_rows(
 POSITION_WEIGHTINGS = ("decay", "dpace")
 
 
+def check_dpace_alpha(alpha: float) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"train.dpace_alpha={alpha}: the D-PACE smoothing must lie in [0, 1] (0.5 is the paper's).")
+
+
 @torch.no_grad()
 def dpace_weights(label_prob: Tensor, supervised: Tensor, alpha: float) -> Tensor:
     """D-PACE per-slot weights (arXiv 2605.18810), per block, from the draft's own confidence.
@@ -136,8 +141,7 @@ def dpace_weights(label_prob: Tensor, supervised: Tensor, alpha: float) -> Tenso
     w_k = sum_{j>=k, supervised} P_j = P_k * (1 + s_{k+1} + s_{k+1} s_{k+2} + ...): the chance
     of reaching slot k times the value of the tokens that can follow it. Detached: a weight,
     never a path for gradients."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ConfigError(f"dpace_alpha={alpha}: the D-PACE smoothing must lie in [0, 1] (0.5 is the paper's)")
+    check_dpace_alpha(alpha)
     m = supervised.to(label_prob.dtype)
     smooth = torch.where(supervised, alpha + (1.0 - alpha) * label_prob, torch.ones_like(label_prob))
     reach = torch.cumprod(smooth, dim=-1) * m  # [..., B]

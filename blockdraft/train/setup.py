@@ -55,12 +55,11 @@ def check_config(cfg: TrainAppConfig) -> None:
 
 
 def check_loss_weights(t) -> None:
-    from blockdraft.train.losses import POSITION_WEIGHTINGS
+    from blockdraft.train.losses import POSITION_WEIGHTINGS, check_dpace_alpha
 
     if t.position_weighting not in POSITION_WEIGHTINGS:
         raise ConfigError(f"train.position_weighting={t.position_weighting!r}; use one of {list(POSITION_WEIGHTINGS)}.")
-    if not 0.0 <= t.dpace_alpha <= 1.0:
-        raise ConfigError(f"train.dpace_alpha={t.dpace_alpha}: the D-PACE smoothing must lie in [0, 1] (0.5 is the paper's).")
+    check_dpace_alpha(t.dpace_alpha)
     if t.ce_weight < 0 or t.kl_weight < 0 or t.ce_weight + t.kl_weight == 0:
         raise ConfigError(f"train.ce_weight={t.ce_weight}, train.kl_weight={t.kl_weight}: use weights >= 0, not both 0.")
     if t.kl_weight > 0 and t.teacher_top_k < 1:

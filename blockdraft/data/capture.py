@@ -53,6 +53,9 @@ def check_capture_config(cfg: CaptureAppConfig) -> None:
     if cfg.data.features:
         raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
     check_target_path(cfg.target)
+    from blockdraft.train.setup import resolve_dtype
+
+    resolve_dtype(cfg.target.dtype, torch.device("cpu"))  # a misspelt dtype fails now
     if cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)
 
@@ -78,6 +81,11 @@ class Capture:
 
             save_tiny_target(cfg.target.path, cfg.target.tiny)
         self.device = init_distributed().device
+        from blockdraft.train.setup import resolve_dtype, resolve_target_dtype
+
+        # Both dtypes are settled (and a bf16 target under an fp32 step refused) before anything loads.
+        self.dtype = resolve_dtype(cfg.train.dtype, self.device)
+        self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.target.path)
         self.target_config = AutoConfig.from_pretrained(cfg.target.path)
         self.layer_ids = resolve_layer_ids(cfg.draft, self.target_config)
@@ -116,13 +124,11 @@ class Capture:
         if self.target is None:
             from blockdraft.models.target import TargetModel
 
-            self.target = TargetModel.load(self.cfg.target.path, self.layer_ids, torch.float32, self.device)
+            self.target = TargetModel.load(self.cfg.target.path, self.layer_ids, self.target_dtype, self.device)
         return self.target
 
     def _autocast(self):
-        from blockdraft.train.setup import resolve_dtype
-
-        if resolve_dtype(self.cfg.train.dtype, self.device) == torch.bfloat16:
+        if self.dtype == torch.bfloat16:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -26,7 +26,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
 from blockdraft.train.run_lock import RunLock
 from blockdraft.train.optim import build_optimizer, build_scheduler
-from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype
+from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype, resolve_target_dtype
 from blockdraft.train.step import train_step
 from blockdraft.train.target_sharding import shard_target
 
@@ -85,6 +85,7 @@ class Trainer:
         self.device = dist.device
         self.backend = resolve_backend(cfg.train.attention_backend, self.device)
         self.dtype = resolve_dtype(cfg.train.dtype, self.device)
+        self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
         self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume)  # fails before any loading
         if self.resume_from is None and dist.is_main:
             claim_run_dir(self.run_dir, cfg.overwrite, cfg.resume)
@@ -108,7 +109,7 @@ class Trainer:
         store = open_training_store(cfg, target_hf_cfg, self.tokenizer, self.draft_cfg.target_layer_ids) if cfg.data.features else None
         hf_model = None
         if store is None:
-            hf_model = load_causal_lm(cfg.target.path, torch.float32, self.device)
+            hf_model = load_causal_lm(cfg.target.path, self.target_dtype, self.device)
             # Rank 0 answers a recipe's built-in prompts while the target is still whole.
             ensure_builtin_data(cfg, hf_model, self.tokenizer, self.dist)
         torch.manual_seed(cfg.seed)
@@ -117,7 +118,7 @@ class Trainer:
             self.target = TargetModel(shard_target(hf_model, cfg.distributed.target_sharding, self.dist), self.draft_cfg.target_layer_ids)
         else:
             # From a store only the embeddings and the head are read; the decoder layers never load.
-            self.target = TargetHeads.load(cfg.target.path, self.device)
+            self.target = TargetHeads.load(cfg.target.path, self.device, self.target_dtype)
         self.train_data, self.val_data = self._datasets(store)
         if self.draft_cfg.draft_vocab_size and self.resume_from is None and not cfg.init_from:
             choose_draft_vocab(self.draft, self.train_data, self.target.lm_head_weight, self.tokenizer, target_hf_cfg, self.dist.is_main)
@@ -189,7 +190,9 @@ class Trainer:
         from blockdraft.models.io import load_draft
 
         self.draft.load_state_dict(load_draft(path).state_dict())
-        state = torch.load(path / ckpt.TRAINER_STATE, weights_only=False)
+        # Onto the CPU first: a checkpoint written on a GPU resumes on a CPU-only machine too (the
+        # optimizer moves its state to the parameters' device; the RNG state must be a CPU tensor).
+        state = torch.load(path / ckpt.TRAINER_STATE, map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.batches.restore(state["data_position"])

@@ -5,6 +5,7 @@ Cheap checks run first so a typo fails in seconds, before the target is loaded.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -41,9 +42,13 @@ def check_config(cfg: TrainAppConfig) -> None:
             "target (`python -m blockdraft.models.suggest target=<dir>` lists candidates)."
         )
     check_target_path(cfg.target)
+    resolve_dtype(cfg.target.dtype, torch.device("cpu"))  # a misspelt dtype fails now, not after loading
     check_strategy(cfg.distributed.target_sharding)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
+    if cfg.wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
+        # wandb is imported only when it logs, so a machine without it still trains with it disabled.
+        raise ConfigError(f"wandb.mode={cfg.wandb.mode} but wandb is not installed: pip install wandb, or set wandb.mode=disabled.")
     check_draft_vocab(cfg)
     check_mask_embedding(cfg)
     if cfg.data.features:
@@ -118,6 +123,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in ("float32", "bfloat16"):
         raise ConfigError(f"dtype {name!r}: use auto, float32 or bfloat16.")
     return getattr(torch, name)
+
+
+def resolve_target_dtype(name: str, train_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the frozen target is loaded in: auto follows the training dtype (bf16 on CUDA,
+    where an 8B target then takes 16 GB instead of 32; fp32 on CPU)."""
+    if name == "auto":
+        return train_dtype
+    dtype = resolve_dtype(name, torch.device("cpu"))
+    if dtype == torch.bfloat16 and train_dtype != torch.bfloat16:
+        # Without autocast the draft's fp32 layers would be fed bf16 features and embeddings.
+        raise ConfigError("target.dtype=bfloat16 with an fp32 training step (train.dtype=float32, or a CPU with "
+                          "train.dtype=auto): set train.dtype=bfloat16 (autocast), or target.dtype=auto / float32.")
+    return dtype
 
 
 def resolve_backend(name: str, device: torch.device) -> str:

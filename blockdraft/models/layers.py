@@ -122,7 +122,10 @@ def _flex(cuda: bool):
     if not cuda:
         return flex_attention
     if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        # Default (automatic) dynamic shapes, not dynamic=False: rows differ in length from step to
+        # step, and a static kernel per length would hit the recompile limit within a few steps and
+        # then run flex unfused. After the first change of length it compiles one dynamic kernel.
+        _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
 

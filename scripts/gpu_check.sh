@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The GPU path, checked on one CUDA machine in one command of under 10 minutes.
+#
+#   scripts/gpu_check.sh --prepare            # here (a CPU with a package registry): build the kit
+#   scripts/gpu_check.sh --dry-run            # here: every step exists and parses (make test runs it)
+#   scripts/gpu_check.sh --results FILE       # on the GPU machine, from the repository root
+#
+# The GPU machine needs only torch, transformers, accelerate, safetensors, tqdm and matplotlib: the
+# rest travels in the kit (.gpu-kit/: wheels from scripts/gpu_wheels.toml, SmolLM2-135M's config and
+# tokenizer, 300 of the demo's regenerated rows). Every step is bounded in time and appends what it
+# printed to one results file (markdown):
+#   1. pytest -m cuda            flex vs SDPA, bf16 vs fp32, the chunked loss at 151,936, activation
+#                                checkpointing, DDP over nccl, a GPU checkpoint resumed on the CPU
+#   2. scripts/bench_train_gpu.py  the Qwen3-8B-shaped draft: tokens/s, step split, memory, MFU
+#   3. the demo recipe           SmolLM2-135M-shaped target (random weights), bf16, flex: step time
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+KIT=${GPU_KIT:-.gpu-kit}
+RESULTS=gpu_check_results.md
+MODE=run
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) MODE=dry ;;
+    --prepare) MODE=prepare ;;
+    --results) RESULTS=$2; shift ;;
+    --kit) KIT=$2; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1; use --prepare, --dry-run, --results FILE or --kit DIR" >&2; exit 2 ;;
+  esac
+  shift
+done
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ "$MODE" != run ] && PY=.venv/bin/python
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# Time limits per step (seconds); together well inside one 10-minute command.
+T_TESTS=180 T_BENCH=170 T_TARGET=40 T_RECIPE=120
+REAL_STEPS=200
+SMOLLM2_DIR=.cache/targets/smollm2-135m-instruct
+DEMO_ROWS=.cache/demo/regen/train.jsonl
+
+# The demo recipe online on the GPU: the run whose step time is compared with the CPU's.
+recipe_args() {
+  echo "experiment=smollm2_dflash_cpu target.path=$1 data.train=$KIT/data/train.jsonl data.val=null" \
+       "train.max_steps=$REAL_STEPS train.save_every=0 train.log_every=20 train.progress=false run_dir=$2"
+}
+
+prepare() {
+  set -e
+  mkdir -p "$KIT/smollm2" "$KIT/data"
+  "$PY" scripts/gpu_wheels.py fetch "$KIT/wheels"
+  [ -f "$SMOLLM2_DIR/config.json" ] || "$PY" -m blockdraft.models.prepare_gguf
+  for f in config.json generation_config.json tokenizer.json tokenizer_config.json chat_template.jinja; do
+    [ -f "$SMOLLM2_DIR/$f" ] && cp "$SMOLLM2_DIR/$f" "$KIT/smollm2/"
+  done
+  if [ ! -f "$DEMO_ROWS" ]; then
+    echo "no $DEMO_ROWS: run \`make demo\` once (its regen stage writes the rows), then --prepare again" >&2
+    exit 1
+  fi
+  head -n 300 "$DEMO_ROWS" > "$KIT/data/train.jsonl"
+  du -sh "$KIT"
+  echo "kit ready in $KIT: carry it, and run scripts/gpu_check.sh --results <file> on the GPU machine"
+}
+
+dry_run() {
+  local fail=0 log
+  log=$(mktemp)
+  step() { local name=$1; shift; if "$@" > "$log" 2>&1; then echo "ok    $name";
+           else echo "FAIL  $name"; tail -20 "$log"; fail=1; fi; }
+  step "this script parses" bash -n "$0"
+  step "the scripts compile" "$PY" -m py_compile scripts/bench_train_gpu.py scripts/gpu_wheels.py scripts/make_random_target.py
+  if [ -d "$KIT/wheels" ]; then
+    step "the wheels list and the kit's wheels resolve" "$PY" scripts/gpu_wheels.py check --wheels "$KIT/wheels"
+  else
+    step "the wheels list resolves (no kit yet: --prepare fetches it)" "$PY" scripts/gpu_wheels.py check
+  fi
+  step "the GPU steps import nothing optional" "$PY" scripts/gpu_wheels.py imports
+  step "the cuda tests collect" "$PY" -m pytest -q --collect-only -m cuda -p no:cacheprovider tests/cuda
+  step "the benchmark runs (tiny shapes, CPU)" "$PY" scripts/bench_train_gpu.py --dry-run
+  step "the recipe run composes" "$PY" -m blockdraft.train $(recipe_args "$SMOLLM2_DIR" /tmp/gpu_check_dry_run) --cfg job
+  rm -f "$log"
+  [ $fail = 0 ] && echo "dry run: every step is ready" || echo "dry run: some steps would fail" >&2
+  return $fail
+}
+
+# --- on the GPU machine ----------------------------------------------------------------------
+section() { printf '\n## %s\n\n' "$1" >> "$RESULTS"; }
+
+# run_step NAME LIMIT CMD...: bounded, timed; its output goes to the results file.
+run_step() {
+  local name=$1 limit=$2; shift 2
+  local started=$SECONDS rc
+  echo "[gpu-check] $name (at most ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" > "/tmp/gpu_step.log" 2>&1
+  rc=$?
+  section "$name"
+  { echo "command: \`$*\`  "; echo "exit code: $rc$([ $rc = 124 ] && echo ' (timed out)'), $((SECONDS - started)) s"
+    echo; echo '```'; tail -n 60 /tmp/gpu_step.log; echo '```'; } >> "$RESULTS"
+  echo "[gpu-check] $name: exit $rc in $((SECONDS - started)) s"
+  return $rc
+}
+
+recipe_summary() {
+  "$PY" - "$1" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if '"step_time_s"' in l]
+later = rows[1:] or rows  # the first window holds flex's compilation
+print(f"steps {rows[-1]['step']}, median step time after the first window {statistics.median(r['step_time_s'] for r in later):.4f} s, "
+      f"first window {rows[0]['step_time_s']:.4f} s, tokens/s {statistics.median(r['tokens_per_s'] for r in later):.0f}, "
+      f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, max memory {rows[-1].get('max_memory_gib', 0):.2f} GiB")
+EOF
+}
+
+gpu_run() {
+  local failed=0
+  if [ -d "$KIT/wheels" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-site "$KIT"/wheels/*.whl || exit 1
+    export PYTHONPATH=/tmp/gpu-site:$REPO${PYTHONPATH:+:$PYTHONPATH}
+  else
+    export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  { echo "# GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"; echo
+    echo '```'; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+    "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__)"
+    "$PY" scripts/gpu_wheels.py verify; echo '```'; } > "$RESULTS"
+  run_step "pytest -m cuda" $T_TESTS "$PY" -m pytest -m cuda -q -p no:cacheprovider -rA tests/cuda || failed=1
+  run_step "throughput: the Qwen3-8B-shaped draft" $T_BENCH "$PY" scripts/bench_train_gpu.py --out /tmp/bench_train_gpu.json || failed=1
+  [ -f /tmp/bench_train_gpu.json ] && { section "benchmark records (JSON)"; echo '```json' >> "$RESULTS"; cat /tmp/bench_train_gpu.json >> "$RESULTS"; echo '```' >> "$RESULTS"; }
+  if run_step "random-weight SmolLM2-135M" $T_TARGET "$PY" scripts/make_random_target.py "$KIT/smollm2" /tmp/smollm2-random; then
+    rm -rf /tmp/gpu-recipe
+    run_step "the demo recipe, bf16 and flex, $REAL_STEPS steps" $T_RECIPE "$PY" -m blockdraft.train $(recipe_args /tmp/smollm2-random /tmp/gpu-recipe) || failed=1
+    [ -f /tmp/gpu-recipe/metrics.jsonl ] && { section "the demo recipe: step time"; recipe_summary /tmp/gpu-recipe >> "$RESULTS"; }
+  else
+    failed=1
+  fi
+  echo "[gpu-check] results in $RESULTS"
+  return $failed
+}
+
+case $MODE in
+  prepare) prepare ;;
+  dry) dry_run ;;
+  run)
+    command -v nvidia-smi > /dev/null || { echo "no nvidia-smi: run this on a CUDA machine, or use --dry-run here" >&2; exit 2; }
+    gpu_run ;;
+esac

@@ -70,16 +70,35 @@ def _padded(values: List[float], width: int) -> List[float]:
 
 
 # --- completions ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sampling:
+    """How a completion is drawn: greedy (temperature 0) unless set; top_k 0 = no truncation."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def request_fields(self) -> dict:
+        if self.temperature <= 0:
+            return {"temperature": 0.0}
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k or -1}
+
+
+GREEDY = Sampling()
+
+
 def complete(
-    url: str, model: str, prompt: EncodedPrompt, max_tokens: int, timeout_s: float, ignore_eos: bool = False
+    url: str, model: str, prompt: EncodedPrompt, max_tokens: int, timeout_s: float, ignore_eos: bool = False,
+    sampling: Sampling = GREEDY, seed: int = 0,
 ) -> Completion:
-    """One greedy completion of a token-id prompt, timed from request to full answer."""
+    """One completion of a token-id prompt (greedy unless `sampling` says otherwise), timed from
+    request to full answer. A sampled request carries its own seed, so reruns draw the same."""
     body = {
         "model": model,
         "prompt": prompt.token_ids,
         "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "seed": 0,
+        **sampling.request_fields(),
+        "seed": seed,
         "ignore_eos": ignore_eos,
         "return_token_ids": True,
         "logprobs": TOP_LOGPROBS,
@@ -96,6 +115,21 @@ def complete_all(
 ) -> List[Completion]:
     """Prompts one at a time (batch size 1: the latency speculative decoding is meant to cut)."""
     return [complete(url, model, p, max_tokens, timeout_s, ignore_eos) for p in prompts]
+
+
+def complete_concurrently(
+    url: str, model: str, prompts: Sequence[EncodedPrompt], max_tokens: int, timeout_s: float, concurrency: int,
+    ignore_eos: bool = False, sampling: Sampling = GREEDY, seed: int = 0,
+) -> List[Completion]:
+    """Every prompt with `concurrency` requests in flight at a time (the server batches them), in
+    prompt order. Prompt i is drawn with seed + i whatever the concurrency."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(p: EncodedPrompt) -> Completion:
+        return complete(url, model, p, max_tokens, timeout_s, ignore_eos, sampling, seed + p.index)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, prompts))
 
 
 def parse_completion(answer: dict, prompt_index: int, seconds: float) -> Completion:

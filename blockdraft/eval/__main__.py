@@ -1,0 +1,70 @@
+"""Evaluate drafts as users compare them: acceptance and speedup per dataset, per draft, greedy
+and sampled, at each concurrency.
+
+    python -m blockdraft.eval target=<HF dir> drafts=[<export>,<export>] \
+        datasets=[sharegpt,humaneval] concurrency=[1,4] out=<dir>
+
+`target=` is an alias of `target_dir=`. Writes <out>/eval.json, eval.md and the plots; a rerun
+skips every finished cell. Exit status: 0 done (every greedy cell lossless); 1 a greedy cell was
+not lossless or a server failed; 2 refused before launch (the message says what to fix); 130
+interrupted. Every server started is stopped first.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import hydra
+from omegaconf import OmegaConf
+
+from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.errors import ConfigError, DataError
+from blockdraft.eval.config import EvalAppConfig
+from blockdraft.vllm_runtime.probe import ProbeError
+from blockdraft.vllm_runtime.server import ServerError
+
+register_schema("eval_schema", EvalAppConfig)
+
+
+def evaluate(cfg: EvalAppConfig) -> dict:
+    """The whole evaluation (also what tests call); results are written even when a server fails."""
+    from blockdraft.eval import results
+    from blockdraft.eval.runner import Evaluation
+
+    evaluation = Evaluation(cfg)
+    try:
+        evaluation.run()
+    finally:
+        if evaluation.prompts:
+            results.write(evaluation)
+    return results.build(evaluation)
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base=None)
+def main(conf) -> None:
+    cfg: EvalAppConfig = OmegaConf.to_object(conf)
+    try:
+        report = evaluate(cfg)
+    except (ConfigError, DataError, ProbeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except ServerError as err:
+        print(f"error: {err}\nThe finished cells are kept: rerun the same command to go on.", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted; the vLLM server was stopped, the finished cells are kept", file=sys.stderr)
+        sys.exit(130)
+    not_lossless = [r for r in report["results"] if r["lossless"] is False]
+    for r in not_lossless:
+        print(f"NOT LOSSLESS: {r['draft']} on {r['dataset']} ({r['setting']}, concurrency {r['concurrency']}): "
+              f"{r['mismatches'][0]}", file=sys.stderr)
+    sys.exit(1 if not_lossless else 0)
+
+
+if __name__ == "__main__":
+    from blockdraft.serve.__main__ import _terminate_as_interrupt
+
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    sys.argv = [("target_dir=" + a[len("target="):]) if a.startswith("target=") else a for a in sys.argv]
+    main()

@@ -1,0 +1,94 @@
+"""`python -m blockdraft.eval` end to end on the tiny target, in real vLLM: two drafts, two
+datasets, greedy and sampled, concurrency 1 and 2; then a rerun that finds every cell done."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.conftest import REPO, train_tiny
+
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
+pytestmark = [
+    pytest.mark.serve,
+    pytest.mark.skipif(not SERVE_PYTHON.exists(), reason="no vLLM serving environment: run `make setup-serve`"),
+]
+QUESTIONS = ["Tell me about the moon.", "What is two plus two?", "Name a fruit.", "Describe a cat."]
+
+
+def _export(run, out):
+    subprocess.run([sys.executable, "-m", "blockdraft.export", f"checkpoint={run}", f"out={out}", "dtype=float32"],
+                   cwd=REPO, check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluated(reduced_vocab_export, tmp_path_factory):
+    """The trained draft is the reduced-vocabulary one (120 steps from a store): serving it here is
+    also that feature's real-vLLM check."""
+    root = tmp_path_factory.mktemp("eval")
+    trained = reduced_vocab_export[1]
+    barely = _export(train_tiny(root / "barely_run", "train.max_steps=2", "data.val=null"), root / "barely")
+    questions = root / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS))
+    # vLLM on CPU cannot verify drafts sampled with a top-k (the eval refuses it): top-p alone here.
+    argv = [sys.executable, "-m", "blockdraft.eval", f"target={TARGET}", f"drafts=[{trained},{barely}]",
+            f"datasets=[tiny,{questions}]", "settings=[greedy,sampled]", "sampling.sampled.top_k=0", "concurrency=[1,2]", "num_prompts=4",
+            "max_tokens=32", "max_model_len=512", "kv_cache_gib=1", f"out={root / 'out'}"]
+    first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
+    logs = {p.name: p.stat().st_mtime_ns for p in (root / "out" / "logs").iterdir()}
+    again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return root / "out", first, again, logs
+
+
+def test_eval_writes_every_cell_table_and_plot(evaluated):
+    out, first, _, _ = evaluated
+    report = json.loads((out / "eval.json").read_text())
+    assert report["complete"] and len(report["results"]) == 2 * 2 * 2 * 2
+    assert set(report["drafts"]) == {"reduced_vocab", "barely"}
+    for r in report["results"]:
+        assert r["engine"] == "vllm" and r["prompts"] == 4 and r["speedup"] > 0
+        assert len(r["acceptance_per_position"]) == 3
+        if r["setting"] == "greedy":
+            assert r["lossless"] is True, r["mismatches"]
+        else:
+            assert r["lossless"] is None and not r["lossless_checked"]
+    table = (out / "eval.md").read_text()
+    assert "| reduced_vocab | barely |" in table and "rejection sampling" in table
+    assert table in first.stdout
+    for name in ("acceptance_tiny.png", "acceptance_questions.png", "speedup.png"):
+        assert (out / name).stat().st_size > 1000
+    assert report["drafts"]["reduced_vocab"]["training"]["accept_len"] > 1.0  # read from the export's model card
+    assert report["drafts"]["barely"]["training"] is None  # trained without validation
+
+
+def test_the_trained_draft_is_accepted_more_than_the_barely_trained_one(evaluated):
+    report = json.loads(evaluated[0].joinpath("eval.json").read_text())
+    by = {}
+    for r in report["results"]:
+        by.setdefault((r["dataset"], r["setting"], r["concurrency"]), {})[r["draft"]] = r["mean_acceptance_length"]
+    for cell, lengths in by.items():
+        if cell[1] == "greedy":
+            assert lengths["reduced_vocab"] > lengths["barely"], cell
+
+
+def test_a_rerun_finds_every_cell_done_and_starts_no_server(evaluated):
+    out, first, again, logs = evaluated
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("already done; nothing to run") == 3
+    assert "starting vLLM" not in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
+    assert json.loads((out / "eval.json").read_text())["complete"]
+
+
+def test_the_reduced_vocabulary_draft_is_served_with_its_own_head(evaluated):
+    out = evaluated[0]
+    report = json.loads((out / "eval.json").read_text())
+    greedy = [r for r in report["results"] if r["draft"] == "reduced_vocab" and r["setting"] == "greedy"]
+    assert all(r["lossless"] and r["num_accepted_tokens"] > 0 for r in greedy)
+    assert max(r["mean_acceptance_length"] for r in greedy) > 1.2
+    # vLLM kept the draft's own head (a shared target head would be [V, H] and fail to load).
+    assert "Keeping separate lm_head weights" in (out / "logs" / "vllm_reduced_vocab.log").read_text()

@@ -60,6 +60,24 @@ def tiny_dflash2_run(tmp_path_factory):
     return train_tiny(tmp_path_factory.mktemp("dflash2") / "run", "draft=dflash2", "train.max_steps=120")
 
 
+# The tiny recipe's replies use 34 distinct tokens: 28 leaves a few labels outside the vocabulary.
+REDUCED_VOCAB = 28
+
+
+@pytest.fixture(scope="session")
+def reduced_vocab_export(fp32_store, tmp_path_factory):
+    """(run, export) of a reduced-vocabulary draft trained from a store: the reduced-vocabulary tests
+    read its run and export, and the eval test serves it."""
+    import subprocess
+
+    root = tmp_path_factory.mktemp("reduced")
+    run = train_tiny(root / "run", "train.max_steps=120", f"data.features={fp32_store}", f"draft.draft_vocab_size={REDUCED_VOCAB}")
+    export = root / "reduced_vocab"
+    subprocess.run([sys.executable, "-m", "blockdraft.export", f"checkpoint={run}", f"out={export}", "dtype=float32"],
+                   cwd=REPO, check=True, capture_output=True)
+    return run, export
+
+
 def python() -> str:
     return sys.executable
 

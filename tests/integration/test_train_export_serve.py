@@ -31,7 +31,7 @@ def test_trained_tiny_draft_is_lossless_and_active_in_vllm(tiny_dflash_run, tmp_
     out = tmp_path / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "blockdraft.serve", f"draft={export}", f"target={REPO / '.cache/targets/tiny-qwen3'}",
-         "prompts=tiny", "num_prompts=4", "max_tokens=48", f"out={out}"],
+         "prompts=tiny", "num_prompts=4", "max_tokens=48", "rounds=1", f"out={out}"],
         cwd=REPO, capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     print(proc.stdout[-4000:])
@@ -42,8 +42,9 @@ def test_trained_tiny_draft_is_lossless_and_active_in_vllm(tiny_dflash_run, tmp_
     assert report["draft_active"] is True
     assert report["mean_acceptance_length"] > 1.2
     assert len(report["acceptance_per_position"]) == 3  # block 4 -> num_speculative_tokens 3
-    # The default two rounds, in alternating order, each lossless against the first baseline.
-    assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"], ["draft", "baseline"]]
-    assert all(r["speedup"] > 0 for r in report["rounds"]) and report["speedup_spread"][0] <= report["speedup"]
+    # One round: how rounds alternate and combine is checked on a stand-in server (test_serve_harness),
+    # and `make demo` serves two rounds in real vLLM.
+    assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"]]
+    assert report["rounds"][0]["speedup"] > 0 and report["speedup_spread"] == [report["speedup"]] * 2
     assert (out / "acceptance.png").stat().st_size > 0
     assert _vllm_processes() == before, "a vLLM process outlived the harness"

@@ -34,8 +34,8 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ "$MODE" != run ] && PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 # Time limits per step (seconds); together well inside one 10-minute command.
-T_TESTS=180 T_BENCH=170 T_TARGET=40 T_RECIPE=120
-REAL_STEPS=200
+T_TESTS=${GPU_CHECK_T_TESTS:-180} T_BENCH=${GPU_CHECK_T_BENCH:-170} T_TARGET=${GPU_CHECK_T_TARGET:-40} T_RECIPE=${GPU_CHECK_T_RECIPE:-120}
+REAL_STEPS=${GPU_CHECK_RECIPE_STEPS:-200}
 SMOLLM2_DIR=.cache/targets/smollm2-135m-instruct
 DEMO_ROWS=.cache/demo/regen/train.jsonl
 

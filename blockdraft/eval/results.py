@@ -65,7 +65,8 @@ def build(evaluation) -> dict:
     cfg = evaluation.cfg
     labels = list(evaluation.plans)
     results = [r for label in labels for key in evaluation.keys(label) if (r := cell_result(evaluation, key))]
-    expected = len(labels) * len(evaluation.keys(BASELINE))
+    not_run = evaluation.skipped.get("reference engine", [])
+    expected = len(labels) * len(evaluation.keys(BASELINE)) - len(not_run)  # cells no engine here can run
     plan = evaluation.first_plan
     return {
         "target": str(Path(cfg.target_dir).resolve()),
@@ -79,7 +80,7 @@ def build(evaluation) -> dict:
         "concurrency": list(cfg.concurrency),
         "results": results,
         "complete": len(results) == expected,
-        "not_run": evaluation.skipped.get("reference engine", []),
+        "not_run": not_run,
         "sampled_note": SAMPLED_NOTE,
         "environment": {"vllm_version": plan.vllm.version, "device": plan.device, "machine": platform.machine(),
                         "processor": platform.processor() or None, "python": platform.python_version()},
@@ -115,6 +116,8 @@ def markdown(report: dict) -> str:
     lines += ["", "Cells: mean acceptance length / speedup over the target alone (tokens/s ratio).",
               f"Training's last validation accept_len: {', '.join(training)}.",
               f"Sampled cells: {SAMPLED_NOTE}."]
+    if report["not_run"]:
+        lines.append("Not run: " + "; ".join(report["not_run"]) + ".")
     if not report["complete"]:
         lines.append("INCOMPLETE: some cells did not run (see eval.json: not_run).")
     return "\n".join(lines) + "\n"
@@ -137,6 +140,7 @@ def plots(report: dict, out: Path) -> List[Path]:
                 continue
             rates = r["acceptance_per_position"]
             ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{r['draft']} ({r['setting']})")
+        ax.set_xticks(range(1, 1 + max(len(r["acceptance_per_position"]) for r in rows)))
         ax.set(xlabel="drafted position", ylabel="P(accepted)", ylim=(0, 1.05),
                title=f"{Path(dataset).name}: acceptance per position (concurrency {min(report['concurrency'])})")
         ax.legend(fontsize=8)

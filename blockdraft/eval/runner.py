@@ -98,9 +98,18 @@ class Evaluation:
             engine=None if plan is None else plan.engine,
         )
 
+    def runnable(self, key: CellKey) -> bool:
+        """The reference engine decodes one prompt at a time: it has no concurrency to measure."""
+        return key.server == BASELINE or self.plans[key.server][1].engine == "vllm" or key.concurrency == 1
+
     def pending(self, server: str) -> List[CellKey]:
         todo = []
         for key in self.keys(server):
+            if not self.runnable(key):
+                self.skipped.setdefault("reference engine", []).append(
+                    f"{server}: {key.dataset} / {key.setting} at concurrency {key.concurrency} "
+                    "(the reference engine decodes one prompt at a time)")
+                continue
             done = self.store.load(key, self.cell_identity(key))
             if done is None:
                 todo.append(key)
@@ -117,10 +126,11 @@ class Evaluation:
         for number, server in enumerate(servers, start=1):
             todo = self.pending(server)
             label = f"[{number}/{len(servers)}] {server}"
+            owned = sum(self.runnable(k) for k in self.keys(server))
             if not todo:
-                say(f"{label}: all {len(self.keys(server))} cells already done; nothing to run")
+                say(f"{label}: all {owned} cells already done; nothing to run")
                 continue
-            say(f"{label}: {len(todo)} of {len(self.keys(server))} cells to run")
+            say(f"{label}: {len(todo)} of {owned} cells to run")
             if server != BASELINE and self.plans[server][1].engine == "reference":
                 self._run_reference(server, todo)
             else:
@@ -178,15 +188,9 @@ class Evaluation:
         from blockdraft.serve.sampling import SamplingParams
 
         plan = self.plans[server][1]
-        runnable = [k for k in todo if k.concurrency == 1]
-        for key in todo:
-            if key.concurrency != 1:
-                self.skipped.setdefault("reference engine", []).append(f"{server} at concurrency {key.concurrency}")
-        if not runnable:
-            return
         say(f"{server}: REFERENCE ENGINE (this vLLM cannot run the DFlash2 draft), concurrency 1 only")
         engine = load_engine(plan, self.cfg.ignore_eos)
-        for key in runnable:
+        for key in todo:
             spec, o = self.cfg.spec(key.setting), self.cfg.options(key.dataset)
             params = SamplingParams(spec.temperature, spec.top_k, spec.top_p)
             stats, sides = DecodeStats(engine.k), {}

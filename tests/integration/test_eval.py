@@ -92,3 +92,19 @@ def test_the_reduced_vocabulary_draft_is_served_with_its_own_head(evaluated):
     assert max(r["mean_acceptance_length"] for r in greedy) > 1.2
     # vLLM kept the draft's own head (a shared target head would be [V, H] and fail to load).
     assert "Keeping separate lm_head weights" in (out / "logs" / "vllm_reduced_vocab.log").read_text()
+
+
+def test_a_dflash2_draft_the_cpu_vllm_cannot_run_is_evaluated_on_the_reference_engine(tiny_dflash2_run, tmp_path):
+    export = _export(tiny_dflash2_run, tmp_path / "dflash2")
+    argv = [sys.executable, "-m", "blockdraft.eval", f"target={TARGET}", f"drafts=[{export}]", "datasets=[tiny]",
+            "settings=[greedy,sampled]", "sampling.sampled.top_k=0", "concurrency=[1,2]", "num_prompts=2",
+            "max_tokens=16", f"out={tmp_path / 'out'}"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "REFERENCE ENGINE" in proc.stderr and "starting vLLM" not in proc.stderr  # no vLLM draft: no server
+    report = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert report["complete"] and {r["concurrency"] for r in report["results"]} == {1}
+    assert all(r["engine"] == "reference" and r["speedup"] > 0 for r in report["results"])
+    assert [r["lossless"] for r in report["results"] if r["setting"] == "greedy"] == [True]
+    assert len(report["not_run"]) == 2 and "concurrency 2" in report["not_run"][0]
+    assert "(reference engine)" in (tmp_path / "out" / "eval.md").read_text()

@@ -14,6 +14,7 @@
 #   2. scripts/bench_train_gpu.py  the Qwen3-8B-shaped draft: tokens/s, step split, memory, MFU
 #   3. the demo recipe           SmolLM2-135M-shaped target (random weights), bf16, flex: step time
 set -uo pipefail
+CALLER=$(pwd)
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 KIT=${GPU_KIT:-.gpu-kit}
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) MODE=dry ;;
     --prepare) MODE=prepare ;;
-    --results) RESULTS=$2; shift ;;
+    --results) RESULTS=$2; [ "${RESULTS#/}" = "$RESULTS" ] && RESULTS=$CALLER/$RESULTS; shift ;;
     --kit) KIT=$2; shift ;;
     -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown argument $1; use --prepare, --dry-run, --results FILE or --kit DIR" >&2; exit 2 ;;

@@ -65,7 +65,7 @@ def build(evaluation) -> dict:
     cfg = evaluation.cfg
     labels = list(evaluation.plans)
     results = [r for label in labels for key in evaluation.keys(label) if (r := cell_result(evaluation, key))]
-    not_run = evaluation.skipped.get("reference engine", [])
+    not_run = evaluation.not_run
     expected = len(labels) * len(evaluation.keys(BASELINE)) - len(not_run)  # cells no engine here can run
     plan = evaluation.first_plan
     return {
@@ -74,7 +74,7 @@ def build(evaluation) -> dict:
                            "num_speculative_tokens": p.num_speculative_tokens,
                            "training": evaluation.training_accept_len(i)}
                    for i, (label, (directory, p)) in enumerate(evaluation.plans.items())},
-        "datasets": {d: {"prompts": len(evaluation.prompts.get(d, [])), "skipped_too_long": evaluation.skipped.get(d, []),
+        "datasets": {d: {"prompts": len(evaluation.prompts.get(d, [])), "skipped_too_long": evaluation.too_long.get(d, []),
                          **{k: v for k, v in vars(cfg.options(d)).items()}} for d in cfg.datasets},
         "settings": {s: vars(cfg.spec(s)) for s in cfg.settings},
         "concurrency": list(cfg.concurrency),

@@ -54,7 +54,8 @@ class Evaluation:
         self.store = CellStore(self.out)
         self.cells: Dict[CellKey, Cell] = {}
         self.prompts: Dict[str, List[EncodedPrompt]] = {}
-        self.skipped: Dict[str, List[str]] = {}
+        self.too_long: Dict[str, List[str]] = {}  # per dataset: prompts over max_model_len - max_tokens
+        self.not_run: List[str] = []  # cells no engine here can run
         self.timings: Dict[str, float] = {}
 
     @property
@@ -77,7 +78,7 @@ class Evaluation:
                 raise ConfigError(f"datasets: no prompt of {dataset!r} fits in max_model_len - max_tokens = {budget} tokens; "
                                   "raise max_model_len or lower max_tokens.")
             self.prompts[dataset] = kept
-            self.skipped[dataset] = too_long
+            self.too_long[dataset] = too_long
             say(f"{dataset}: {len(kept)} prompts" + (f" ({len(too_long)} longer than {budget} tokens skipped)" if too_long else ""))
 
     # --- cells --------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class Evaluation:
         todo = []
         for key in self.keys(server):
             if not self.runnable(key):
-                self.skipped.setdefault("reference engine", []).append(
+                self.not_run.append(
                     f"{server}: {key.dataset} / {key.setting} at concurrency {key.concurrency} "
                     "(the reference engine decodes one prompt at a time)")
                 continue

@@ -80,19 +80,3 @@ def reduced_vocab_export(fp32_store, tmp_path_factory):
 
 def python() -> str:
     return sys.executable
-
-
-def smoke_serve_tiny(export, out):
-    """`python -m blockdraft.serve` on the tiny target, 4 built-in prompts, one round (the lead test runs
-    the default rounds): the report."""
-    import json
-    import subprocess
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "blockdraft.serve", f"draft={export}", f"target={REPO / '.cache/targets/tiny-qwen3'}",
-         "prompts=tiny", "num_prompts=4", "max_tokens=48", "rounds=1", f"out={out}"],
-        cwd=REPO, capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads((Path(out) / "report.json").read_text())
-

@@ -27,10 +27,13 @@ def _export(run, out):
 @pytest.fixture(scope="module")
 def evaluated(reduced_vocab_export, tmp_path_factory):
     """The trained draft is the reduced-vocabulary one (120 steps from a store): serving it here is
-    also that feature's real-vLLM check."""
+    also that feature's real-vLLM check. The barely trained one carries a trained mask embedding."""
     root = tmp_path_factory.mktemp("eval")
     trained = reduced_vocab_export[1]
-    barely = _export(train_tiny(root / "barely_run", "train.max_steps=2", "data.val=null"), root / "barely")
+    # Barely trained, and with a trained mask embedding: serving it here is also that feature's
+    # real-vLLM check (test_mask_embedding_serve checks the loaded vector itself).
+    barely = _export(train_tiny(root / "barely_run", "train.max_steps=2", "data.val=null", "draft.train_mask_embedding=true"),
+                     root / "barely")
     questions = root / "questions.jsonl"
     questions.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS))
     # vLLM on CPU cannot verify drafts sampled with a top-k (the eval refuses it): top-p alone here.
@@ -108,3 +111,11 @@ def test_a_dflash2_draft_the_cpu_vllm_cannot_run_is_evaluated_on_the_reference_e
     assert [r["lossless"] for r in report["results"] if r["setting"] == "greedy"] == [True]
     assert len(report["not_run"]) == 2 and "concurrency 2" in report["not_run"][0]
     assert "(reference engine)" in (tmp_path / "out" / "eval.md").read_text()
+
+
+def test_the_mask_embedding_draft_is_loaded_and_served_losslessly(evaluated):
+    out = evaluated[0]
+    report = json.loads((out / "eval.json").read_text())
+    greedy = [r for r in report["results"] if r["draft"] == "barely" and r["setting"] == "greedy"]
+    assert len(greedy) == 4 and all(r["lossless"] and r["num_drafts"] > 0 for r in greedy)
+    assert "Loaded DFlash mask embedding for mask_token_id 262" in (out / "logs" / "vllm_barely.log").read_text()

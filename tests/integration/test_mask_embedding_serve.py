@@ -1,11 +1,12 @@
-"""A draft with a trained mask embedding, served by real vLLM: lossless, active, and the embedding loaded."""
+"""A draft with a trained mask embedding: vLLM fills its parameter with exactly the trained vector.
+(The eval test serves a mask-embedding draft losslessly and checks vLLM's load line.)"""
 
 import subprocess
 import sys
 
 import pytest
 
-from tests.integration.conftest import REPO, smoke_serve_tiny, train_tiny
+from tests.integration.conftest import REPO, train_tiny
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 pytestmark = [
@@ -24,17 +25,10 @@ def mask_export(fp32_store, tmp_path_factory):
     return export
 
 
-def test_trained_mask_embedding_is_loaded_and_served_losslessly_by_vllm(mask_export, tmp_path):
-    assert (mask_export / "mask_embedding.pt").is_file()
-    out = tmp_path / "report"
-    report = smoke_serve_tiny(mask_export, out)
-    assert report["engine"] == "vllm" and report["lossless"] is True and report["draft_active"] is True
-    assert "Loaded DFlash mask embedding for mask_token_id 262" in (out / "vllm_draft.log").read_text()
-
-
 def test_trained_mask_embedding_fills_vllm_s_parameter_exactly(mask_export):
     from tests.integration.test_vllm_weight_load import check_weights
 
+    assert (mask_export / "mask_embedding.pt").is_file()
     proc = check_weights(mask_export)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "0 missing, 0 unexpected, all equal" in proc.stdout

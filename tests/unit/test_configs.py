@@ -37,6 +37,7 @@ APP_MODULES = {
     "serve": "blockdraft.serve.__main__",
     "regen": "blockdraft.data.regen_app",
     "capture": "blockdraft.data.capture",
+    "eval": "blockdraft.eval.__main__",
 }
 
 

@@ -43,6 +43,7 @@ DEMO_ROWS=.cache/demo/regen/train.jsonl
 # The demo recipe online on the GPU: the run whose step time is compared with the CPU's.
 recipe_args() {
   echo "experiment=smollm2_dflash_cpu target.path=$1 data.train=$KIT/data/train.jsonl data.val=null" \
+       "train.attention_backend=flex train.dtype=bfloat16" \
        "train.max_steps=$REAL_STEPS train.save_every=0 train.log_every=20 train.progress=false run_dir=$2"
 }
 
@@ -124,12 +125,15 @@ gpu_run() {
     echo '```'; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
     "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__)"
     "$PY" scripts/gpu_wheels.py verify; echo '```'; } > "$RESULTS"
+  # Without a CUDA device every cuda test would skip and the step would pass: refuse instead.
+  "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+    || { echo "torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES); results so far: $RESULTS" >&2; return 2; }
   run_step "pytest -m cuda" $T_TESTS "$PY" -m pytest -m cuda -q -p no:cacheprovider -rA tests/cuda || failed=1
   run_step "throughput: the Qwen3-8B-shaped draft" $T_BENCH "$PY" scripts/bench_train_gpu.py --out /tmp/bench_train_gpu.json || failed=1
   [ -f /tmp/bench_train_gpu.json ] && { section "benchmark records (JSON)"; echo '```json' >> "$RESULTS"; cat /tmp/bench_train_gpu.json >> "$RESULTS"; echo '```' >> "$RESULTS"; }
   if run_step "random-weight SmolLM2-135M" $T_TARGET "$PY" scripts/make_random_target.py "$KIT/smollm2" /tmp/smollm2-random; then
     rm -rf /tmp/gpu-recipe
-    run_step "the demo recipe, bf16 and flex, $REAL_STEPS steps" $T_RECIPE "$PY" -m blockdraft.train $(recipe_args /tmp/smollm2-random /tmp/gpu-recipe) || failed=1
+    run_step "the demo recipe, bf16 autocast and flex, $REAL_STEPS steps" $T_RECIPE "$PY" -m blockdraft.train $(recipe_args /tmp/smollm2-random /tmp/gpu-recipe) || failed=1
     [ -f /tmp/gpu-recipe/metrics.jsonl ] && { section "the demo recipe: step time"; recipe_summary /tmp/gpu-recipe >> "$RESULTS"; }
   else
     failed=1

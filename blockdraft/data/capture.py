@@ -53,9 +53,6 @@ def check_capture_config(cfg: CaptureAppConfig) -> None:
     if cfg.data.features:
         raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
     check_target_path(cfg.target)
-    from blockdraft.train.setup import resolve_dtype
-
-    resolve_dtype(cfg.target.dtype, torch.device("cpu"))  # a misspelt dtype fails now
     if cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)
 

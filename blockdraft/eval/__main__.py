@@ -19,9 +19,8 @@ import hydra
 from omegaconf import OmegaConf
 
 from blockdraft.config import CONFIG_DIR, register_schema
-from blockdraft.errors import ConfigError, DataError
 from blockdraft.eval.config import EvalAppConfig
-from blockdraft.vllm_runtime.probe import ProbeError
+from blockdraft.serve.cli import USER_ERRORS, alias_arguments, terminate_as_interrupt
 from blockdraft.vllm_runtime.server import ServerError
 
 register_schema("eval_schema", EvalAppConfig)
@@ -35,10 +34,11 @@ def evaluate(cfg: EvalAppConfig) -> dict:
     evaluation = Evaluation(cfg)
     try:
         evaluation.run()
-    finally:
-        if evaluation.prompts:
+    except BaseException:
+        if evaluation.prompts:  # what finished is written before the error goes on
             results.write(evaluation)
-    return results.build(evaluation)
+        raise
+    return results.write(evaluation)
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base=None)
@@ -46,7 +46,7 @@ def main(conf) -> None:
     cfg: EvalAppConfig = OmegaConf.to_object(conf)
     try:
         report = evaluate(cfg)
-    except (ConfigError, DataError, ProbeError) as err:
+    except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except ServerError as err:
@@ -63,8 +63,6 @@ def main(conf) -> None:
 
 
 if __name__ == "__main__":
-    from blockdraft.serve.__main__ import _terminate_as_interrupt
-
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    sys.argv = [("target_dir=" + a[len("target="):]) if a.startswith("target=") else a for a in sys.argv]
+    signal.signal(signal.SIGTERM, terminate_as_interrupt)
+    sys.argv = alias_arguments(sys.argv, {"target=": "target_dir="})
     main()

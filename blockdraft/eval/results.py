@@ -72,7 +72,7 @@ def build(evaluation) -> dict:
         "target": str(Path(cfg.target_dir).resolve()),
         "drafts": {label: {"dir": str(directory), "kind": p.draft.kind, "engine": p.engine,
                            "num_speculative_tokens": p.num_speculative_tokens,
-                           "training": evaluation.training_accept_len(i)}
+                           "training": training_accept_len(directory, cfg.runs[i] if cfg.runs else None)}
                    for i, (label, (directory, p)) in enumerate(evaluation.plans.items())},
         "datasets": {d: {"prompts": len(evaluation.prompts.get(d, [])), "skipped_too_long": evaluation.too_long.get(d, []),
                          **{k: v for k, v in vars(cfg.options(d)).items()}} for d in cfg.datasets},
@@ -173,9 +173,9 @@ def plots(report: dict, out: Path) -> List[Path]:
 
 
 def write(evaluation) -> dict:
+    """eval.md, the plots, then eval.json (which lists them); prints the table; returns the report."""
     report = build(evaluation)
     out = evaluation.out
-    (out / "eval.json").write_text(json.dumps(report, indent=2))
     table = markdown(report)
     (out / "eval.md").write_text(table)
     report["plots"] = [str(p) for p in plots(report, out)]

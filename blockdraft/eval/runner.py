@@ -14,7 +14,7 @@ import hashlib
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from blockdraft.eval.cells import BASELINE, Cell, CellKey, CellStore, directory_fingerprint, identity
 from blockdraft.eval.config import EvalAppConfig, check_cpu_sampling, draft_label
@@ -146,10 +146,11 @@ class Evaluation:
             plan = self.plans[server][1]
             speculative = {"method": "dflash", "model": str(plan.draft.directory.resolve()),
                            "num_speculative_tokens": plan.num_speculative_tokens}
-        args, env = server_arguments(cfg.serve_config(cfg.drafts[0]), self.first_plan.device)
+        serving = cfg.serve_config(cfg.drafts[0])  # the server settings, the same for every draft
+        args, env = server_arguments(serving, self.first_plan.device)
         log_path = self.out / "logs" / f"vllm_{server}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        python = cfg.serve_config(cfg.drafts[0]).vllm_python_path()
+        python = serving.vllm_python_path()
         say(f"{label}: starting vLLM (log: {log_path})")
         with VllmServer(python, model, log_path=log_path, speculative_config=speculative, args=args, env=env,
                         startup_timeout_s=cfg.startup_timeout_s) as srv:
@@ -183,9 +184,8 @@ class Evaluation:
     def _run_reference(self, server: str, todo: List[CellKey]) -> None:
         """DFlash2 on a vLLM that cannot run it: the reference engine, one prompt at a time, with
         the target alone decoded in the same process as this cell's own baseline."""
-        from blockdraft.serve.client import Completion, SpecMetrics
         from blockdraft.serve.engine import DecodeStats
-        from blockdraft.serve.reference_check import load_engine
+        from blockdraft.serve.reference_check import decode_all, load_engine, spec_metrics
         from blockdraft.serve.sampling import SamplingParams
 
         plan = self.plans[server][1]
@@ -194,26 +194,13 @@ class Evaluation:
         for key in todo:
             spec, o = self.cfg.spec(key.setting), self.cfg.options(key.dataset)
             params = SamplingParams(spec.temperature, spec.top_k, spec.top_p)
-            stats, sides = DecodeStats(engine.k), {}
-            for side, decode in (("baseline", engine.target_generate), ("draft", engine.generate)):
-                out, began = [], time.perf_counter()
-                for p in self.prompts[key.dataset]:
-                    t0 = time.perf_counter()
-                    result = decode(p.token_ids, o.max_tokens, params, self.cfg.seed + p.index)
-                    out.append(Completion(p.index, list(result.tokens), time.perf_counter() - t0))
-                    if side == "draft" and result.stats is not None:
-                        stats.accepted_per_step += result.stats.accepted_per_step
-                sides[side] = (out, time.perf_counter() - began)
-            metrics = SpecMetrics(float(stats.num_drafts), float(stats.num_drafts * engine.k), float(stats.num_accepted),
-                                  [float(n) for n in stats.accepted_per_position()])
-            cell = Cell(key, self.cell_identity(key), "reference", sides["draft"][0], sides["draft"][1], metrics,
-                        sides["baseline"][0], sides["baseline"][1])
+            prompts, stats = self.prompts[key.dataset], DecodeStats(engine.k)
+            began = time.perf_counter()
+            baseline = decode_all(engine.target_generate, prompts, o.max_tokens, None, params, self.cfg.seed)
+            middle = time.perf_counter()
+            draft = decode_all(engine.generate, prompts, o.max_tokens, stats, params, self.cfg.seed)
+            cell = Cell(key, self.cell_identity(key), "reference", draft, time.perf_counter() - middle,
+                        spec_metrics(stats, engine.k), baseline, middle - began)
             self.store.save(cell)
             self.cells[key] = cell
             say(f"{server}: {key.dataset} / {key.setting}: done on the reference engine")
-
-    def training_accept_len(self, index: int) -> Optional[dict]:
-        from blockdraft.eval.results import training_accept_len
-
-        run = self.cfg.runs[index] if self.cfg.runs else None
-        return training_accept_len(self.cfg.drafts[index], run)

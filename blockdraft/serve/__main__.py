@@ -19,13 +19,12 @@ import hydra
 from omegaconf import OmegaConf
 
 from blockdraft.config import CONFIG_DIR, register_schema
-from blockdraft.errors import ConfigError, DataError
+from blockdraft.serve import cli
+from blockdraft.serve.cli import USER_ERRORS
 from blockdraft.serve.config import ServeConfig
-from blockdraft.vllm_runtime.probe import ProbeError
 
 register_schema("serve_schema", ServeConfig)
 
-USER_ERRORS = (ConfigError, DataError, ProbeError)
 ALIASES = {"draft=": "draft_dir=", "target=": "target_dir="}
 
 
@@ -46,24 +45,11 @@ def main(conf) -> None:
 
 
 def alias_arguments(argv: List[str]) -> List[str]:
-    """`draft=<dir>` -> `draft_dir=<dir>` (and target): both are config groups in configs/,
-    so Hydra would take the path for a group choice and fail."""
-    out = []
-    for arg in argv:
-        for alias, key in ALIASES.items():
-            if arg.startswith(alias):
-                arg = key + arg[len(alias) :]
-        out.append(arg)
-    return out
-
-
-def _terminate_as_interrupt(_signum, _frame) -> None:
-    # A plain SIGTERM would end Python without unwinding, leaving the vLLM server running;
-    # as KeyboardInterrupt it goes through every `with VllmServer(...)` exit.
-    raise KeyboardInterrupt
+    """serve's aliases: `draft=` / `target=` for `draft_dir=` / `target_dir=`."""
+    return cli.alias_arguments(argv, ALIASES)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    signal.signal(signal.SIGTERM, cli.terminate_as_interrupt)
     sys.argv = alias_arguments(sys.argv)
     main()

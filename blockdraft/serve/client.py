@@ -65,6 +65,7 @@ class SpecMetrics:
             [op(a, b) for a, b in zip(mine, theirs)],
         )
 
+
 def _padded(values: List[float], width: int) -> List[float]:
     return list(values) + [0.0] * (width - len(values))
 

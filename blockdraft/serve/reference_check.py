@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.client import Completion, SpecMetrics
 from blockdraft.serve.engine import DecodeStats, SpeculativeEngine
+from blockdraft.serve.sampling import SamplingParams
 from blockdraft.serve.preflight import Plan
 from blockdraft.serve.prompts import EncodedPrompt
 from blockdraft.serve.report import Round, RunRecord
@@ -50,26 +51,35 @@ def run_reference(
     record.timings_s["load_reference"] = time.perf_counter() - began
     round_ = Round()
     record.rounds.append(round_)
-    round_.baseline = _generate(engine.target_generate, prompts, max_tokens, record, "generation_baseline")
+    round_.baseline = decode_all(engine.target_generate, prompts, max_tokens)
+    record.timings_s["generation_baseline"] = sum(c.seconds for c in round_.baseline)
     stats = DecodeStats(engine.k)
-    round_.draft = _generate(engine.generate, prompts, max_tokens, record, "generation_draft", stats)
-    round_.metrics = SpecMetrics(
-        num_drafts=float(stats.num_drafts),
-        num_draft_tokens=float(stats.num_drafts * engine.k),
-        num_accepted_tokens=float(stats.num_accepted),
-        accepted_per_position=[float(n) for n in stats.accepted_per_position()],
-    )
+    round_.draft = decode_all(engine.generate, prompts, max_tokens, stats)
+    record.timings_s["generation_draft"] = sum(c.seconds for c in round_.draft)
+    round_.metrics = spec_metrics(stats, engine.k)
 
 
-def _generate(
-    decode, prompts, max_tokens: int, record: RunRecord, phase: str, stats: Optional[DecodeStats] = None
+def decode_all(
+    decode, prompts: Sequence[EncodedPrompt], max_tokens: int, stats: Optional[DecodeStats] = None,
+    params: SamplingParams = SamplingParams(), seed: int = 0,
 ) -> List[Completion]:
+    """Each prompt decoded alone, timed; prompt i drawn with seed + i (greedy ignores it). A draft's
+    per-step acceptances are added to `stats`."""
     out: List[Completion] = []
     for prompt in prompts:
         began = time.perf_counter()
-        result = decode(prompt.token_ids, max_tokens)
+        result = decode(prompt.token_ids, max_tokens, params, seed + prompt.index)
         out.append(Completion(prompt.index, list(result.tokens), time.perf_counter() - began, None))
         if stats is not None and result.stats is not None:
             stats.accepted_per_step += result.stats.accepted_per_step
-    record.timings_s[phase] = sum(c.seconds for c in out)
     return out
+
+
+def spec_metrics(stats: DecodeStats, k: int) -> SpecMetrics:
+    """The engine's counters in vLLM's terms."""
+    return SpecMetrics(
+        num_drafts=float(stats.num_drafts),
+        num_draft_tokens=float(stats.num_drafts * k),
+        num_accepted_tokens=float(stats.num_accepted),
+        accepted_per_position=[float(n) for n in stats.accepted_per_position()],
+    )

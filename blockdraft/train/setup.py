@@ -42,7 +42,6 @@ def check_config(cfg: TrainAppConfig) -> None:
             "target (`python -m blockdraft.models.suggest target=<dir>` lists candidates)."
         )
     check_target_path(cfg.target)
-    resolve_dtype(cfg.target.dtype, torch.device("cpu"))  # a misspelt dtype fails now, not after loading
     check_strategy(cfg.distributed.target_sharding)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
@@ -74,11 +73,13 @@ def check_loss_weights(t) -> None:
 
 
 def check_target_path(target) -> None:
-    """The `target` group names a local HF directory (or a tiny one a test builds there)."""
+    """The `target` group names a local HF directory (or a tiny one a test builds there), and a
+    dtype that exists: a misspelt one fails now, not after loading."""
     if target.path is None:
         raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
     if target.tiny is None and not (Path(target.path) / "config.json").exists():
         raise ConfigError(f"target.path={target.path!r} has no config.json; give a local Hugging Face model directory.")
+    resolve_dtype(target.dtype, torch.device("cpu"))
 
 
 def check_mask_embedding(cfg: TrainAppConfig) -> None:

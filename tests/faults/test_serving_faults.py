@@ -34,14 +34,14 @@ psutil = pytest.importorskip("psutil")
 DRIVER = r'''
 import json, signal, sys
 from blockdraft.serve import harness
-from blockdraft.serve.__main__ import _terminate_as_interrupt
+from blockdraft.serve.cli import terminate_as_interrupt
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import plan_serving
 from blockdraft.vllm_runtime.probe import VllmInfo
 
 info = VllmInfo(**json.loads(sys.argv[2]))
 harness.plan_serving = lambda cfg: plan_serving(cfg, probe=lambda *_: info)
-signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+signal.signal(signal.SIGTERM, terminate_as_interrupt)
 try:
     harness.run(ServeConfig(**json.loads(sys.argv[1])))
 except KeyboardInterrupt:

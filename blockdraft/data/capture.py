@@ -68,7 +68,9 @@ def run_capture(cfg) -> Path:
 
 class Capture:
     def __init__(self, cfg: CaptureAppConfig):
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from blockdraft.models.target_families import load_text_config
 
         from blockdraft.train.distributed import init_distributed
 
@@ -84,7 +86,7 @@ class Capture:
         self.dtype = resolve_dtype(cfg.train.dtype, self.device)
         self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.target.path)
-        self.target_config = AutoConfig.from_pretrained(cfg.target.path)
+        self.target_config = load_text_config(cfg.target.path)
         self.layer_ids = resolve_layer_ids(cfg.draft, self.target_config)
         check_layer_ids(self.layer_ids, self.target_config.num_hidden_layers)
         self.target = None  # loaded only once the store's identity has been checked

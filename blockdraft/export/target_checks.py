@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from blockdraft.errors import ConfigError
 from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.target_families import num_layers_in
 
 SPECIAL_ROLES = ("pad", "eos", "bos")
 
@@ -78,7 +79,7 @@ def _width_problem(cfg: DraftModelConfig, config: dict, target_dir: Path) -> Opt
 
 
 def _layer_problem(cfg: DraftModelConfig, config: dict, target_dir: Path) -> Optional[str]:
-    layers = config.get("num_hidden_layers")
+    layers = num_layers_in(config)
     if layers is None:
         return None
     bad = [i for i in cfg.target_layer_ids if not 0 <= i <= layers - 2]

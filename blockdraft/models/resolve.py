@@ -62,6 +62,12 @@ def _target_width(target_config, name: str, fallback=None):
     return value if value is not None else fallback
 
 
+def _dense_intermediate_size(target_config) -> int:
+    """The draft's MLP width: the target's dense one; an all-MoE target (Qwen3.5-MoE) has none,
+    so 3 x hidden, the ratio of the dense Qwen3 models (draft.intermediate_size overrides it)."""
+    return _target_width(target_config, "intermediate_size") or 3 * target_config.hidden_size
+
+
 def resolve_layer_ids(draft: DraftConfig, target_config) -> List[int]:
     """The target layers the draft reads: as set, or the default spread over the target."""
     if draft.target_layer_ids is not None:
@@ -85,7 +91,7 @@ def resolve_draft_config(
     cfg = DraftModelConfig(
         kind=draft.kind,
         hidden_size=hidden,
-        intermediate_size=draft.intermediate_size or target_config.intermediate_size,
+        intermediate_size=draft.intermediate_size or _dense_intermediate_size(target_config),
         num_hidden_layers=draft.num_layers,
         num_attention_heads=n_heads,
         num_key_value_heads=draft.num_key_value_heads or _target_width(target_config, "num_key_value_heads", n_heads),

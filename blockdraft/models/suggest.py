@@ -39,7 +39,9 @@ def main(argv: List[str]) -> int:
         return 2
     from transformers import AutoConfig, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(argv[0])
+    from blockdraft.models.target_families import text_config
+
+    config = text_config(AutoConfig.from_pretrained(argv[0]))
     tokenizer = AutoTokenizer.from_pretrained(argv[0])
     n = int(argv[1]) if len(argv) > 1 else 5
     try:

@@ -1,9 +1,10 @@
-"""The frozen target: loads a Hugging Face causal LM and captures decoder-layer outputs.
+"""The frozen target: loads a Hugging Face model of a known family and captures decoder-layer outputs.
 
 `target_layer_ids = [i, ...]` means the output of 0-indexed decoder layer i, which is
 HF `hidden_states[i + 1]` and what vLLM captures as aux layer i + 1 (the residual entering
-layer i + 1). Capture uses forward hooks, so only the requested layers are kept, and
-feature-only passes stop after the last layer needed.
+layer i + 1); `target_families` says where each family keeps its layers. Capture uses
+forward hooks, so only the requested layers are kept, and feature-only passes stop after
+the last layer needed.
 """
 
 from __future__ import annotations
@@ -15,15 +16,9 @@ import torch
 from torch import nn
 
 from blockdraft.errors import ConfigError
+from blockdraft.models.target_families import SUPPORTED_ARCHITECTURES, TargetFamily, backbone_of, family_of
 
-# Architectures whose decoder layers live at `model.model.layers` and return the residual stream.
-SUPPORTED_ARCHITECTURES = (
-    "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "Qwen2ForCausalLM",
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-)
+__all__ = ["SUPPORTED_ARCHITECTURES", "TargetModel", "check_architecture", "load_causal_lm", "special_token_ids"]
 
 
 class _StopForward(Exception):
@@ -31,21 +26,27 @@ class _StopForward(Exception):
 
 
 def check_architecture(architectures: Optional[Sequence[str]]) -> str:
-    arch = (list(architectures or []) or ["<none>"])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ConfigError(
-            f"target architecture {arch!r} cannot expose the hidden states DFlash needs "
-            f"(no known decoder-layer stack to hook). Supported: {list(SUPPORTED_ARCHITECTURES)}."
-        )
-    return arch
+    family_of(architectures)
+    return list(architectures)[0]
 
 
 def load_causal_lm(path: str, dtype=torch.float32, device="cpu") -> nn.Module:
-    """The HF model of a local directory, its architecture checked before any weight is read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The HF model of a local directory, its architecture checked before any weight is read.
 
-    check_architecture(getattr(AutoConfig.from_pretrained(path), "architectures", None))
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    Loaded as the class its config names, so a multimodal `*ForConditionalGeneration` target
+    keeps its own layout (its language model is what the draft reads)."""
+    import transformers
+    from transformers import AutoConfig
+
+    architectures = getattr(AutoConfig.from_pretrained(path), "architectures", None)
+    family_of(architectures)
+    model_class = getattr(transformers, architectures[0], None)
+    if model_class is None:
+        raise ConfigError(
+            f"target.path={path}: the installed transformers {transformers.__version__} has no "
+            f"{architectures[0]}; install a release that pyproject.toml allows (`make setup`)."
+        )
+    return model_class.from_pretrained(path, dtype=dtype).to(device)
 
 
 class TargetModel:
@@ -56,8 +57,9 @@ class TargetModel:
     """
 
     def __init__(self, model: nn.Module, layer_ids: Sequence[int]):
-        check_architecture(getattr(model.config, "architectures", None) or [type(model).__name__])
+        self.family: TargetFamily = family_of(getattr(model.config, "architectures", None) or [type(model).__name__])
         self.model = model.eval().requires_grad_(False)
+        self.backbone = backbone_of(model, self.family)
         self.layer_ids = list(layer_ids)
         self._captured: Dict[int, torch.Tensor] = {}
         self._stop_after: Optional[int] = None
@@ -76,7 +78,7 @@ class TargetModel:
     # --- what the draft borrows -----------------------------------------------------
     @property
     def decoder_layers(self) -> nn.ModuleList:
-        return self.model.model.layers
+        return self.backbone.layers
 
     @property
     def num_layers(self) -> int:
@@ -84,7 +86,7 @@ class TargetModel:
 
     @property
     def hidden_size(self) -> int:
-        return self.model.config.hidden_size
+        return self.model.config.get_text_config().hidden_size
 
     @property
     def vocab_size(self) -> int:
@@ -125,7 +127,7 @@ class TargetModel:
         """(features [N, T, n*H], final hidden states [N, T, H] after the final norm): every layer
         runs, the head does not (the caller projects only the positions it needs)."""
         with self._capturing(stop_early=False):
-            out = self.model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
             return self._features(), out.last_hidden_state
 
     @torch.no_grad()

@@ -16,10 +16,7 @@ from safetensors import safe_open
 from torch import nn
 
 from blockdraft.errors import ConfigError
-from blockdraft.models.target import check_architecture
-
-EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
-HEAD_KEYS = ("lm_head.weight",)
+from blockdraft.models.target_families import family_of
 
 
 def _tensor_files(directory: Path) -> Dict[str, Path]:
@@ -59,11 +56,13 @@ class TargetHeads:
     def load(cls, path, device="cpu", dtype=torch.float32) -> "TargetHeads":
         directory = Path(path)
         config = json.loads((directory / "config.json").read_text())
-        check_architecture(config.get("architectures"))
+        family = family_of(config.get("architectures"))
         files = _tensor_files(directory)
-        embed = _read(files, EMBED_KEYS, "input embedding", directory).to(device=device, dtype=dtype)
-        tied = config.get("tie_word_embeddings", False) or not any(k in files for k in HEAD_KEYS)
-        head = embed if tied else _read(files, HEAD_KEYS, "LM head", directory).to(device=device, dtype=dtype)
+        embed = _read(files, family.embed_keys, "input embedding", directory).to(device=device, dtype=dtype)
+        text = config.get("text_config") or {}  # a multimodal config may keep the tie inside
+        tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        tied = tied or not any(k in files for k in family.head_keys)
+        head = embed if tied else _read(files, family.head_keys, "LM head", directory).to(device=device, dtype=dtype)
         return cls(embed, head)
 
     @property

@@ -16,6 +16,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 
 BUILTIN_PROMPT_SETS = ("sharegpt", "humaneval", "tiny")
+ENGINES = ("auto", "vllm", "reference")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -74,6 +75,9 @@ class ServeConfig:
     """More vLLM server arguments, one list item per argv word, e.g. [--gpu-memory-utilization, '0.5']."""
     device: str = "auto"
     """auto (what the serving vLLM was built for) | cpu | cuda."""
+    engine: str = "auto"
+    """auto (vLLM where it can serve the pair, else the project's reference engine, saying why) |
+    vllm (refuse a pair vLLM cannot serve) | reference."""
 
     def _check_out(self) -> None:
         out = Path(self.out).expanduser()
@@ -106,6 +110,8 @@ class ServeConfig:
             )
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} is not one of {list(DEVICES)}; pick one.")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine={self.engine!r} is not one of {list(ENGINES)}; pick one.")
         if not all(isinstance(a, str) for a in self.extra_vllm_args):
             raise ConfigError(
                 f"extra_vllm_args={list(self.extra_vllm_args)!r} must be strings, one per argv word; "

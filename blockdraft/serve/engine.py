@@ -1,6 +1,6 @@
-"""Reference speculative decoding: a target with a KV cache, a DFlash(2) draft with a cache of
-its projected context, batch size 1. Lossless by construction; tested token for token
-against the target's own decode.
+"""Reference speculative decoding: a target with a KV cache (re-read in full where it has
+recurrent layers: `target_state`), a DFlash(2) draft with a cache of its projected context,
+batch size 1. Lossless by construction; tested token for token against the target's own decode.
 
 One step, with the last token t at position a (not yet seen by the target):
     draft:  block [t, MASK x K] at positions a..a+K -> proposals d_1..d_K (+ their q)
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import torch
-from transformers import DynamicCache
 
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.layers import sliding_window_mask
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
+from blockdraft.serve.target_state import TargetState
 
 
 @dataclass
@@ -82,12 +82,13 @@ class SpeculativeEngine:
     @torch.no_grad()
     def target_generate(self, prompt: Sequence[int], max_new_tokens: int, params=SamplingParams(), seed: int = 0) -> DecodeResult:
         gen = torch.Generator().manual_seed(seed)
-        cache = DynamicCache()
+        state = TargetState(self.target)
         ids = torch.tensor([list(prompt)])
         pos = torch.arange(ids.shape[1])[None]
         out: List[int] = []
         while len(out) < max_new_tokens:
-            logits, _ = self.target.forward(ids, cache, pos)
+            logits, _ = state.run(ids, pos)
+            state.keep(int(pos[0, -1]) + 1)
             tok = int(draw(probabilities(logits[0, -1], params), gen))
             out.append(tok)
             if tok in self.eos:
@@ -99,10 +100,11 @@ class SpeculativeEngine:
     @torch.no_grad()
     def generate(self, prompt: Sequence[int], max_new_tokens: int, params=SamplingParams(), seed: int = 0) -> DecodeResult:
         gen = torch.Generator().manual_seed(seed)
-        cache = DynamicCache()
+        state = TargetState(self.target)
         ids = torch.tensor([list(prompt)])
         n_prompt = ids.shape[1]
-        logits, feats = self.target.forward(ids, cache, torch.arange(n_prompt)[None])
+        logits, feats = state.run(ids, torch.arange(n_prompt)[None])
+        state.keep(n_prompt)
         ctx = DraftContext(self.draft)
         ctx.extend(feats, torch.arange(n_prompt)[None])
         out = [int(draw(probabilities(logits[0, -1], params), gen))]
@@ -112,10 +114,10 @@ class SpeculativeEngine:
             proposals, q = self._propose(ctx, out[-1], anchor_pos, params, gen)  # [K], [K, V]
             block = torch.tensor([[out[-1], *proposals.tolist()]])
             positions = torch.arange(anchor_pos, anchor_pos + self.k + 1)[None]
-            logits, feats = self.target.forward(block, cache, positions)
+            logits, feats = state.run(block, positions)
             p = probabilities(logits[0], params)  # [K+1, V]
             accepted, next_token = self._verify(proposals, q, p, gen)
-            _keep(cache, anchor_pos + accepted + 1)  # the anchor and the accepted drafts stay
+            state.keep(anchor_pos + accepted + 1)  # the anchor and the accepted drafts stay
             ctx.extend(feats[:, : accepted + 1], positions[:, : accepted + 1])
             appended = [*proposals[:accepted].tolist(), next_token]
             # An accepted end-of-sequence ends the request there, as in vLLM: nothing after it
@@ -154,13 +156,6 @@ class SpeculativeEngine:
             residual = residual if residual.sum() > 0 else p[i]
             return i, int(draw(residual / residual.sum(), gen))
         return len(proposals), int(draw(p[-1], gen))
-
-
-def _keep(cache: DynamicCache, length: int) -> None:
-    # A negative crop removes that many tokens in every transformers release we support.
-    surplus = cache.get_seq_length() - length
-    if surplus > 0:
-        cache.crop(-surplus)
 
 
 def _truncate(tokens: List[int], max_new_tokens: int, eos: set) -> List[int]:

@@ -47,7 +47,7 @@ def run(cfg: ServeConfig) -> dict:
     prompts = _prompts(cfg, record)
     try:
         if plan.engine == "reference":
-            say("REFERENCE ENGINE: this vLLM cannot run the DFlash2 draft; checking it with blockdraft.serve.engine")
+            say("REFERENCE ENGINE, not vLLM (see the warning above): checking the draft with blockdraft.serve.engine")
             from blockdraft.serve.reference_check import run_reference
 
             run_reference(plan, prompts, cfg.max_tokens, cfg.ignore_eos, record)

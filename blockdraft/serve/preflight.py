@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import verify_checksums
+from blockdraft.models.target_families import num_layers_in
 from blockdraft.serve.config import ServeConfig
 from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
 
@@ -130,7 +131,7 @@ def read_target(directory: str | Path) -> TargetFacts:
         architecture=archs[0],
         vocab_size=int(text["vocab_size"]),
         hidden_size=hidden,
-        num_layers=int(text["num_hidden_layers"]),
+        num_layers=int(num_layers_in(text) or 0),
         head_dim=int(text.get("head_dim") or hidden // int(text["num_attention_heads"])),
     )
 
@@ -210,17 +211,37 @@ def speculative_tokens(requested: Optional[int], block_size: Optional[int]) -> t
     ]
 
 
-def check_vllm_support(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -> None:
+def target_serving_problem(info: VllmInfo, target: TargetFacts) -> Optional[str]:
+    """Why the serving vLLM cannot run this target with a DFlash draft, or None if it can."""
+    arch, version = target.architecture, info.version
     if not info.arch_known:
-        raise ConfigError(
-            f"target_dir: architecture {target.architecture!r} is not in vLLM {info.version}'s registry; "
-            "vLLM cannot serve this target. Use a target architecture vLLM supports."
-        )
+        return f"architecture {arch!r} is not in vLLM {version}'s registry"
+    if info.arch_error:
+        return f"vLLM {version} cannot import its class for {arch!r} here ({info.arch_error})"
     if not info.arch_supports_eagle3:
+        return (
+            f"architecture {arch!r} cannot expose the hidden states DFlash needs in vLLM {version} "
+            "(its model class lacks the EAGLE3 aux-hidden-state interface)"
+        )
+    if info.arch_has_inner_state and not info.has_triton:
+        # Measured with vLLM 0.32.0 on CPU: with prefix caching the first drafted request fails in
+        # mamba_utils' Triton precopy kernel; without it the output differs from the target's.
+        return (
+            f"{arch!r} keeps Mamba / linear-attention state, which vLLM {version} rewinds past rejected "
+            f"drafts with Triton kernels this {info.device} build lacks (speculative decoding would fail "
+            "or change the output)"
+        )
+    return None
+
+
+def check_vllm_support(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -> None:
+    """Refuse a pair vLLM cannot serve, naming the architecture and the reason."""
+    problem = target_serving_problem(info, target)
+    if problem:
         raise ConfigError(
-            f"target_dir: architecture {target.architecture!r} cannot expose the hidden states DFlash needs "
-            f"in vLLM {info.version} (its model class lacks the EAGLE3 aux-hidden-state interface). "
-            "Use a target whose vLLM class supports it (Qwen3, Qwen2, Llama, Mistral, ...)."
+            f"target_dir: {problem}; vLLM cannot serve this target with a DFlash draft. Serve with "
+            "engine=auto or engine=reference to check the draft on the reference engine, or use a target "
+            "whose vLLM class supports it (Qwen3, Qwen2, Llama, Mistral, NemotronH, ...)."
         )
     if draft.kind == "dflash" and draft.architecture not in info.dflash_archs:
         raise ConfigError(
@@ -238,15 +259,30 @@ def resolve_device(requested: str, info: VllmInfo) -> str:
     return info.device
 
 
-def choose_engine(draft: DraftFacts, info: VllmInfo) -> tuple[str, List[str]]:
-    """DFlash always goes to vLLM; DFlash2 only where vLLM's V2 runner can run it."""
+def choose_engine(
+    draft: DraftFacts, info: VllmInfo, target: Optional[TargetFacts] = None, requested: str = "auto"
+) -> tuple[str, List[str]]:
+    """vLLM where it can serve the pair (DFlash2 only where its V2 runner can run it), else the
+    reference engine, saying why; `requested` = vllm refuses instead, = reference skips vLLM."""
+    if requested == "reference":
+        return "reference", ["engine=reference: the draft is checked with the project's reference engine, not with vLLM."]
+    problem = target_serving_problem(info, target) if target is not None else None
+    if problem is not None:
+        if requested == "vllm":
+            check_vllm_support(info, draft, target)
+        return "reference", [
+            f"{problem}, so vLLM cannot serve this target here. The draft is checked with the project's own "
+            "reference engine instead, not with vLLM."
+        ]
     if draft.kind == "dflash" or info.can_run_dflash2:
         return "vllm", []
     why = "it has no Triton GPU backend" if info.device == "cpu" or not info.has_triton else "its V2 model runner is off"
-    return "reference", [
-        f"vLLM {info.version} on {info.device} cannot run DFlash2 ({why}; its V1 runner refuses DFlash2 drafts). "
-        "The draft is checked with the project's own reference engine instead, not with vLLM."
-    ]
+    refusal = (
+        f"vLLM {info.version} on {info.device} cannot run DFlash2 ({why}; its V1 runner refuses DFlash2 drafts)"
+    )
+    if requested == "vllm":
+        raise ConfigError(f"engine=vllm: {refusal}. Serve on a GPU vLLM, or set engine=auto for the reference engine.")
+    return "reference", [f"{refusal}. The draft is checked with the project's own reference engine instead, not with vLLM."]
 
 
 def check_cpu_head_sizes(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -> None:
@@ -281,9 +317,10 @@ def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) 
     check_fc_weight(draft, target, fc_in_features(draft.directory))
     k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.block_size)
     info = probe(python, target.architecture)
-    check_vllm_support(info, draft, target)
+    engine, notes = choose_engine(draft, info, target, cfg.engine)
+    if engine == "vllm":
+        check_vllm_support(info, draft, target)
     device = resolve_device(cfg.device, info)
-    engine, notes = choose_engine(draft, info)
     if engine == "vllm" and device == "cpu":
         check_cpu_head_sizes(info, draft, target)
     return Plan(draft, target, k, engine, device, info, warnings + notes + anchor_clamp_warning(info, draft))

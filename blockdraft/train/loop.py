@@ -16,6 +16,7 @@ from blockdraft.models import build_draft
 from blockdraft.models.init_from_target import init_draft_from_target
 from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
+from blockdraft.models.target_families import load_text_config
 from blockdraft.models.target_heads import TargetHeads
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
@@ -101,9 +102,7 @@ class Trainer:
             save_tiny_target(cfg.target.path, cfg.target.tiny)
         barrier()
         self.tokenizer = _load_tokenizer(cfg.target.path)
-        from transformers import AutoConfig
-
-        target_hf_cfg = AutoConfig.from_pretrained(cfg.target.path)
+        target_hf_cfg = load_text_config(cfg.target.path)
         # The draft is resolved (and every id checked) against the target's config before its weights load.
         self.draft_cfg = resolve_draft_config(cfg.draft, target_hf_cfg, special_token_ids(target_hf_cfg, self.tokenizer))
         store = open_training_store(cfg, target_hf_cfg, self.tokenizer, self.draft_cfg.target_layer_ids) if cfg.data.features else None

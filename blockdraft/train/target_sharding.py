@@ -32,6 +32,8 @@ def shard_target(model: nn.Module, strategy: str, dist: DistInfo) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(dist.device.type, (dist.world_size,))
-    for layer in model.model.layers:
+    from blockdraft.models.target_families import backbone_of, family_of
+
+    for layer in backbone_of(model, family_of(model.config.architectures)).layers:
         fully_shard(layer, mesh=mesh)
     return model

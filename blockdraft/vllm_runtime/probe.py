@@ -27,6 +27,8 @@ class VllmInfo:
     dflash_archs: List[str] = field(default_factory=list)  # DFlash* drafts this vLLM registers
     arch_known: bool = False
     arch_supports_eagle3: bool = False  # the target can hand aux hidden states to a draft
+    arch_error: Optional[str] = None  # why vLLM's class for the target failed to import, if it did
+    arch_has_inner_state: bool = False  # Mamba / linear-attention state that drafts must not corrupt
     anchor_clamp: Optional[bool] = None  # DFlash2 _score_edges clamps the anchor id; None = no DFlash2
     cpu_head_sizes: List[int] = field(default_factory=list)  # CPU attention's head sizes; [] off CPU
 
@@ -70,6 +72,7 @@ def main(architecture: str) -> None:
 
     archs = ModelRegistry.get_supported_archs()
     known = architecture in archs
+    model_class, arch_error = _model_class(ModelRegistry, architecture) if known else (None, None)
     answer = dict(
         version=vllm.__version__,
         device=current_platform.device_type,
@@ -77,23 +80,43 @@ def main(architecture: str) -> None:
         v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
         dflash_archs=sorted(a for a in archs if "DFlash" in a),
         arch_known=known,
-        arch_supports_eagle3=known and _supports_eagle3(ModelRegistry, architecture),
+        arch_supports_eagle3=model_class is not None and _supports_eagle3(model_class),
+        arch_error=arch_error,
+        arch_has_inner_state=model_class is not None and _has_inner_state(model_class),
         anchor_clamp=_anchor_clamp(),
         cpu_head_sizes=_cpu_head_sizes(current_platform.device_type),
     )
     print(MARKER + json.dumps(answer), flush=True)
 
 
-def _supports_eagle3(registry, architecture: str) -> bool:
+def _model_class(registry, architecture: str):
+    """(vLLM's class for the architecture, None) or (None, why it could not be imported)."""
+    import importlib
+
+    # The registry's own loader swallows the import error; a lazy entry (module and class
+    # names) is imported here to keep it.
+    entry = getattr(registry, "models", {}).get(architecture)
+    module_name, class_name = getattr(entry, "module_name", None), getattr(entry, "class_name", None)
+    try:
+        if module_name and class_name:
+            return getattr(importlib.import_module(module_name), class_name), None
+        return registry._try_load_model_cls(architecture), None  # no public way to get the class by name
+    except Exception as err:  # noqa: BLE001 - an import failure means vLLM cannot serve it either
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _supports_eagle3(model_class) -> bool:
     # DFlash reads the target's aux hidden states through the EAGLE3 interface; vLLM checks
     # it on the loaded model, i.e. only after start-up. The class answers the same, now.
     from vllm.model_executor.models.interfaces import supports_eagle3
 
-    try:
-        cls = registry._try_load_model_cls(architecture)  # no public way to get the class by name
-    except Exception:  # noqa: BLE001 - an import failure means vLLM cannot serve it either
-        return False
-    return cls is not None and bool(supports_eagle3(cls))
+    return bool(supports_eagle3(model_class))
+
+
+def _has_inner_state(model_class) -> bool:
+    from vllm.model_executor.models.interfaces import has_inner_state
+
+    return bool(has_inner_state(model_class))
 
 
 def _anchor_clamp() -> Optional[bool]:

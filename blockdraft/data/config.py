@@ -19,7 +19,8 @@ class DataConfig:
     """Training and validation chat rows, and how they become token ids and a loss mask."""
 
     train: Optional[str] = None
-    """Training rows: a JSONL file (`messages` or `conversations` per line) or a `save_to_disk` folder."""
+    """Training rows (`messages` or `conversations` each): a JSONL file, a `save_to_disk` folder, parquet or
+    arrow files, or a Hugging Face dataset id `owner/name[:config][@split]` (see blockdraft.data.sources)."""
     val: Optional[str] = None
     """Validation rows, same formats as `train`; null skips validation."""
     seq_length: int = 512
@@ -49,13 +50,12 @@ class DataConfig:
         """Cheap checks that catch a typo before any tokenisation starts."""
         if require_train and not self.train:
             raise ConfigError("data.train is not set; set data.train=/path/to/train.jsonl")
+        from blockdraft.data.sources import check_source
+
         for key in ("train", "val"):
-            path = getattr(self, key)
-            if path and not Path(path).expanduser().exists():
-                raise ConfigError(
-                    f"data.{key}={path!r} does not exist; point it at a JSONL file "
-                    "or a folder written by datasets.save_to_disk"
-                )
+            spec = getattr(self, key)
+            if spec:
+                check_source(str(spec), f"data.{key}")
         if not isinstance(self.seq_length, int) or self.seq_length < 2:
             raise ConfigError(
                 f"data.seq_length={self.seq_length!r} is too small; a row needs at least "

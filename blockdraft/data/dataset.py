@@ -242,9 +242,15 @@ def cache_key(source: Any, tokenizer: Any, cfg: DataConfig) -> str:
 
 
 def source_fingerprint(source: Any) -> str:
-    """Content hash of a file or folder; the fingerprint of a `datasets.Dataset`; else the rows' JSON."""
+    """Content hash of a file or folder; the fingerprint of a `datasets.Dataset` (a hub id's too);
+    else the rows' JSON."""
     digest = hashlib.sha256()
-    if isinstance(source, (str, Path)):
+    if isinstance(source, (str, Path)) and not Path(source).expanduser().exists():
+        from blockdraft.data.sources import load_rows, parse_source
+
+        parsed = parse_source(str(source), key="data file")  # a hub id: its cached dataset's fingerprint
+        digest.update(f"{parsed.spec}\n{load_rows(parsed)._fingerprint}".encode())
+    elif isinstance(source, (str, Path)):
         path = Path(source).expanduser()
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for file in files:

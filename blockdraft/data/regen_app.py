@@ -41,7 +41,8 @@ class RegenConfig:
     out: str = MISSING
     """Output directory: train.jsonl, heldout.jsonl, parts/, regen.json."""
     prompts: str = "sharegpt"
-    """sharegpt (the installed package) | tiny_prompts | a JSONL file of `messages`/`conversations` rows."""
+    """sharegpt (the installed package) | tiny_prompts | rows of `messages`/`conversations`: a JSONL, parquet
+    or arrow file, a save_to_disk folder, or a Hugging Face dataset id (as data.train takes)."""
     num_train: int = 1000
     """Training conversations to generate."""
     num_heldout: int = 64
@@ -81,8 +82,13 @@ class RegenConfig:
                 f"target_dir={self.target_dir!r} has no config.json; point it at the target's HF directory "
                 "(for SmolLM2: `python -m blockdraft.models.prepare_gguf` writes .cache/targets/smollm2-135m-instruct)"
             )
-        if self.prompts not in PROMPT_SETS and not Path(self.prompts).is_file():
-            raise ConfigError(f"prompts={self.prompts!r} is neither a file nor one of {list(PROMPT_SETS)}; give a JSONL path or a set name")
+        if self.prompts not in PROMPT_SETS:
+            from blockdraft.data.sources import check_source
+
+            try:
+                check_source(self.prompts, "prompts")
+            except ConfigError as err:
+                raise ConfigError(f"{err}; or use one of the built-in sets {list(PROMPT_SETS)}") from None
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend={self.backend!r}; use one of {list(BACKENDS)}")
         for key in ("max_turns", "max_tokens", "max_prompt_tokens", "workers", "shard_size"):
@@ -126,9 +132,9 @@ def source_conversations(spec: str, limit: int) -> List[List[dict]]:
 
         rows = iter_sharegpt_rows()
     else:
-        from blockdraft.data.rows import RejectReport, iter_jsonl_rows
+        from blockdraft.data.rows import iter_rows, new_report
 
-        rows = iter_jsonl_rows(spec, RejectReport(source=spec))
+        rows = iter_rows(spec, new_report(spec))
     out = []
     for row in rows:
         if len(out) >= limit:

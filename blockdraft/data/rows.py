@@ -4,7 +4,8 @@ Accepted shapes, one object per JSONL line or per dataset row:
   {"messages": [{"role": "user", "content": "..."}, ...]}          OpenAI style
   {"conversations": [{"from": "human", "value": "..."}, ...]}      ShareGPT style
 A row that cannot be read is never dropped silently: it is counted in a `RejectReport`
-under its reason with its line (or row) number, or, with `strict`, stops the run.
+under its reason with its line (JSONL) or 1-based row index (datasets), or, with `strict`,
+stops the run. Where the rows come from is `blockdraft.data.sources`.
 """
 
 from __future__ import annotations
@@ -275,38 +276,33 @@ def iter_records(
                 return
 
 
-def load_local_dataset(path: str | Path) -> Any:
-    """A dataset written by `save_to_disk`; of a `DatasetDict`, its `train` split."""
-    import datasets
-
-    loaded = datasets.load_from_disk(str(path))
-    if isinstance(loaded, datasets.DatasetDict):
-        if "train" not in loaded:
-            raise DataError(
-                f"{path} holds splits {sorted(loaded)} but no `train`; "
-                f"save the split to use on its own, e.g. dataset[{sorted(loaded)[0]!r}].save_to_disk(...)"
-            )
-        return loaded["train"]
-    return loaded
-
-
 def new_report(source: Any) -> RejectReport:
-    """An empty report named after the source: a path, or the kind of object given."""
+    """An empty report named after the source: its spec (path or dataset id), or the kind of object given."""
     if isinstance(source, (str, Path)):
-        unit = "row" if Path(source).is_dir() else "line"
-        return RejectReport(source=str(source), unit=unit)
+        return RejectReport(source=str(source), unit=_parsed(source).unit)
     return RejectReport(source=f"<{type(source).__name__}>", unit="row")
+
+
+def _parsed(source: str | Path) -> Any:
+    """The parsed source; one gone since the config was checked is a data error."""
+    from blockdraft.data.sources import parse_source
+    from blockdraft.errors import ConfigError
+
+    try:
+        return parse_source(str(source), key="data file")
+    except ConfigError as err:
+        raise DataError(str(err)) from None
 
 
 def iter_rows(
     source: Any, report: RejectReport, strict: bool = False, max_rows: Optional[int] = None
 ) -> Iterator[ChatRow]:
-    """Rows of a JSONL path, a `save_to_disk` folder, a `datasets.Dataset` or a list of dicts."""
+    """Rows of a source string (`blockdraft.data.sources`), a `datasets.Dataset` or a list of dicts."""
     if isinstance(source, (str, Path)):
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise DataError(f"data file {source} does not exist; check data.train / data.val")
-        if path.is_dir():
-            return iter_records(load_local_dataset(path), report, strict, max_rows)
-        return iter_jsonl_rows(path, report, strict, max_rows)
+        from blockdraft.data.sources import load_rows
+
+        parsed = _parsed(source)
+        if parsed.kind == "jsonl":
+            return iter_jsonl_rows(Path(parsed.spec).expanduser(), report, strict, max_rows)
+        return iter_records(load_rows(parsed), report, strict, max_rows)
     return iter_records(source, report, strict, max_rows)

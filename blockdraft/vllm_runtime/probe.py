@@ -45,15 +45,21 @@ class ProbeError(RuntimeError):
 
 def probe_vllm(python: str | Path, architecture: str, timeout_s: float = PROBE_TIMEOUT_S) -> VllmInfo:
     """Run this file in the serving interpreter and read its answer."""
+    return probe_architectures(python, [architecture], timeout_s)[architecture]
+
+
+def probe_architectures(python: str | Path, architectures: List[str], timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+    """{architecture: VllmInfo} from one start of the serving interpreter (vLLM imports once)."""
     # -I: the script's folder (this package) must not shadow modules vLLM imports.
-    cmd = [str(python), "-I", str(Path(__file__).resolve()), architecture]
+    cmd = [str(python), "-I", str(Path(__file__).resolve()), *architectures]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise ProbeError(f"{python} did not answer within {timeout_s} s while importing vLLM") from None
     for line in done.stdout.splitlines():
         if line.startswith(MARKER):
-            return VllmInfo(**json.loads(line[len(MARKER) :]))
+            answers = json.loads(line[len(MARKER) :])
+            return {arch: VllmInfo(**answer) for arch, answer in answers.items()}
     tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
     raise ProbeError(
         f"{python} could not import vLLM (exit {done.returncode}); check `{python} -c 'import vllm'`, "
@@ -62,7 +68,7 @@ def probe_vllm(python: str | Path, architecture: str, timeout_s: float = PROBE_T
 
 
 # --- below runs inside the serving interpreter ----------------------------------------
-def main(architecture: str) -> None:
+def main(architectures: List[str]) -> None:
     import os
 
     import vllm
@@ -71,22 +77,24 @@ def main(architecture: str) -> None:
     from vllm.triton_utils import HAS_TRITON
 
     archs = ModelRegistry.get_supported_archs()
-    known = architecture in archs
-    model_class, arch_error = _model_class(ModelRegistry, architecture) if known else (None, None)
-    answer = dict(
-        version=vllm.__version__,
-        device=current_platform.device_type,
-        has_triton=bool(HAS_TRITON),
-        v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
-        dflash_archs=sorted(a for a in archs if "DFlash" in a),
-        arch_known=known,
-        arch_supports_eagle3=model_class is not None and _supports_eagle3(model_class),
-        arch_error=arch_error,
-        arch_has_inner_state=model_class is not None and _has_inner_state(model_class),
-        anchor_clamp=_anchor_clamp(),
-        cpu_head_sizes=_cpu_head_sizes(current_platform.device_type),
-    )
-    print(MARKER + json.dumps(answer), flush=True)
+    answers = {}
+    for architecture in architectures:
+        known = architecture in archs
+        model_class, arch_error = _model_class(ModelRegistry, architecture) if known else (None, None)
+        answers[architecture] = dict(
+            version=vllm.__version__,
+            device=current_platform.device_type,
+            has_triton=bool(HAS_TRITON),
+            v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
+            dflash_archs=sorted(a for a in archs if "DFlash" in a),
+            arch_known=known,
+            arch_supports_eagle3=model_class is not None and _supports_eagle3(model_class),
+            arch_error=arch_error,
+            arch_has_inner_state=model_class is not None and _has_inner_state(model_class),
+            anchor_clamp=_anchor_clamp(),
+            cpu_head_sizes=_cpu_head_sizes(current_platform.device_type),
+        )
+    print(MARKER + json.dumps(answers), flush=True)
 
 
 def _model_class(registry, architecture: str):
@@ -142,4 +150,4 @@ def _cpu_head_sizes(device: str) -> List[int]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

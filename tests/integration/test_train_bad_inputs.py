@@ -20,6 +20,8 @@ def never_load_weights(monkeypatch):
 
 @pytest.mark.parametrize("override,needle", [
     ("data.train=/nonexistent/train.jsonl", "data.train='/nonexistent/train.jsonl' does not exist"),
+    # HF_HUB_OFFLINE=1 (as `make test` sets it): a dataset id not in the local cache fails at once.
+    ("data.val=nobody-here/no-such-rows@validation", "is not in the local Hugging Face cache"),
     ("train.num_anchors=0", "train.num_anchors=0"),
     ("train.grad_accum=0", "train.grad_accum=0"),
     ("draft.mask_token_id=null", "draft.mask_token_id is not set"),

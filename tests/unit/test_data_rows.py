@@ -95,7 +95,7 @@ def test_byte_order_mark_and_max_rows(tmp_path):
 
 
 def test_missing_file_names_the_path(tmp_path):
-    with pytest.raises(DataError, match="nope.jsonl does not exist"):
+    with pytest.raises(DataError, match="nope.jsonl' does not exist"):
         read(str(tmp_path / "nope.jsonl"))
 
 

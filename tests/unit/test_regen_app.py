@@ -31,7 +31,7 @@ def test_target_on_the_command_line_means_target_dir():
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"prompts": "nope.jsonl"}, "neither a file nor"),
+    ({"prompts": "nope.jsonl"}, "prompts='nope.jsonl' does not exist"),
     ({"backend": "tgi"}, "backend='tgi'"),
     ({"max_tokens": 0}, "max_tokens=0"),
     ({"temperature": -1.0}, "temperature=-1.0"),

@@ -11,6 +11,6 @@ class TargetConfig:
     path: Optional[str] = None
     """A local Hugging Face model directory (nothing is downloaded)."""
     tiny: Optional[str] = None
-    """Build a tiny random target of this arch (qwen3 | qwen3_moe | qwen3_5 | qwen3_5_moe | nemotron_h | nemotron_h_moe | qwen3_vl) at `path` if it is missing; tests only."""
+    """Build a tiny random target of this arch (one of tiny_target.TINY_ARCHS: qwen3, qwen3_5, nemotron_h, qwen3_vl, ...) at `path` if it is missing; tests only."""
     dtype: str = "auto"
     """auto (fp32 on CPU, bf16 on GPU) | float32 | bfloat16."""

@@ -32,8 +32,6 @@ class TargetFamily:
     recurrent: bool = False
     """Has Mamba or linear-attention layers: their state cannot be rewound, so the reference engine
     re-runs the target over the whole sequence instead of cropping a KV cache."""
-    multimodal: bool = False
-    """A `*ForConditionalGeneration` class: text-only training through its language model."""
     head_keys: Tuple[str, ...] = ("lm_head.weight",)
 
 
@@ -61,7 +59,6 @@ FAMILIES: Tuple[TargetFamily, ...] = (
         _LM_EMBED,
         "qwen3_next.py:732",
         recurrent=True,
-        multimodal=True,
     ),
     TargetFamily(
         "Qwen3-VL",
@@ -69,7 +66,6 @@ FAMILIES: Tuple[TargetFamily, ...] = (
         _LANGUAGE_MODEL,
         _LM_EMBED,
         "qwen3_vl.py:1887",
-        multimodal=True,
     ),
     # Released NemotronH checkpoints name the stack `backbone`; transformers 5 loads it as `model`.
     TargetFamily(

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 
-TINY_ARCHS = ("qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "nemotron_h", "nemotron_h_moe", "qwen3_vl")
+TINY_ARCHS = ("qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_vl", "nemotron_h", "nemotron_h_moe", "qwen3_vl")
 
 
 def tiny_config(arch: str = "qwen3", vocab_size: int = 272, num_layers: int = 6, hidden_size: int = 64):
@@ -59,11 +59,17 @@ def tiny_config(arch: str = "qwen3", vocab_size: int = 272, num_layers: int = 6,
             # smaller weights let the residual stream lead, and it repeats itself as the others do.
             initializer_range=0.005, **common,
         )
+    # Text-only mrope: all three sections see the same position, which is plain rotary.
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4], "mrope_interleaved": True}
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
+                  patch_size=16, num_position_embeddings=64)
+    if arch == "qwen3_5_vl":
+        return T.Qwen3_5Config(
+            architectures=["Qwen3_5ForConditionalGeneration"], vision_config=vision, tie_word_embeddings=False,
+            text_config=dict(rope_parameters=rope, layer_types=hybrid, **linear, **dense),
+        )
     if arch == "qwen3_vl":
-        # Text-only mrope: all three sections see the same position, which is plain rotary.
-        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4], "mrope_interleaved": True}
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
-                      deepstack_visual_indexes=[0], patch_size=16, num_position_embeddings=64)
+        vision = dict(vision, deepstack_visual_indexes=[0])
         return T.Qwen3VLConfig(
             architectures=["Qwen3VLForConditionalGeneration"], text_config=dict(rope_parameters=rope, **dense),
             vision_config=vision, tie_word_embeddings=False,

@@ -106,3 +106,21 @@ def test_an_accepted_eos_inside_a_block_ends_the_request(tiny_hf, tiny_target):
     # accepts the EOS as its (j+1)-th draft and ends there.
     full_steps, j = divmod(eos - 1, k + 1)
     assert res.stats.accepted_per_step == [k] * full_steps + [j + 1]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+def test_a_recurrent_target_is_decoded_losslessly_by_re_reading_it(arch):
+    """Its Mamba / linear-attention state cannot be cropped after a rejection: the engine re-reads
+    the kept tokens, and both decodes equal the model's own cached greedy generation."""
+    from blockdraft.models.target import TargetModel
+    from blockdraft.models.tiny_target import build_tiny_model
+
+    hf = build_tiny_model(arch, num_layers=4)
+    target = TargetModel(hf, [1, 2])
+    assert target.family.recurrent
+    engine = SpeculativeEngine(target, make_draft(hf, target_layer_ids=[1, 2]))
+    prompt = torch.randint(0, 256, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    own = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, 7:].tolist()
+    assert engine.target_generate(prompt, 12).tokens == own
+    result = engine.generate(prompt, 12)
+    assert result.tokens == own and result.stats.num_drafts > 0

@@ -121,6 +121,37 @@ def test_a_target_without_aux_hidden_states_is_named(tmp_path, target_dir):
         check_vllm_support(unknown, draft, target)
 
 
+@pytest.mark.parametrize("fields,reason", [
+    ({"arch_supports_eagle3": False, "arch_error": "ModuleNotFoundError: No module named 'torchvision'"},
+     "cannot import its class for 'Qwen3_5ForCausalLM' here (ModuleNotFoundError: No module named 'torchvision')"),
+    ({"arch_has_inner_state": True}, "'Qwen3_5ForCausalLM' keeps Mamba / linear-attention state"),
+])
+def test_a_target_vllm_cannot_serve_goes_to_the_reference_engine_saying_why(tmp_path, target_dir, fields, reason):
+    draft, target = read_draft(write_draft(tmp_path / "d")), read_target(target_dir)
+    target.architecture = "Qwen3_5ForCausalLM"
+    info = VllmInfo(**{**CPU_VLLM.__dict__, **fields})
+    engine, [note] = choose_engine(draft, info, target)
+    assert engine == "reference" and reason in note and "reference engine" in note
+    with pytest.raises(ConfigError, match="vLLM cannot serve this target with a DFlash draft"):
+        choose_engine(draft, info, target, requested="vllm")
+    # The same interface on a GPU build (Triton present) is vLLM's to serve.
+    if "arch_has_inner_state" in fields:
+        assert choose_engine(draft, VllmInfo(**{**GPU_VLLM.__dict__, **fields}), target) == ("vllm", [])
+
+
+def test_the_engine_can_be_forced(tmp_path, target_dir):
+    draft, target = read_draft(write_draft(tmp_path / "d")), read_target(target_dir)
+    assert choose_engine(draft, CPU_VLLM, target, requested="reference")[0] == "reference"
+    assert choose_engine(draft, CPU_VLLM, target, requested="vllm") == ("vllm", [])
+    dflash2 = read_draft(write_draft(tmp_path / "d2", arch="DFlash2DraftModel", dflash_config=dict(
+        conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=2)))
+    with pytest.raises(ConfigError, match="engine=vllm: vLLM 0.32.0 on cpu cannot run DFlash2"):
+        choose_engine(dflash2, CPU_VLLM, target, requested="vllm")
+    with pytest.raises(ConfigError, match="engine='gpu' is not one of"):
+        ServeConfig(draft_dir=str(tmp_path / "d"), target_dir=str(target_dir), engine="gpu",
+                    vllm_python=sys.executable).validate()
+
+
 def test_dflash2_goes_to_the_reference_engine_on_cpu_and_to_vllm_on_gpu(tmp_path):
     dflash2 = read_draft(write_draft(tmp_path / "d", arch="DFlash2DraftModel", dflash_config=dict(
         conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=2)))

@@ -15,7 +15,7 @@ from blockdraft.models.target_heads import TargetHeads
 from blockdraft.models.tiny_target import TINY_ARCHS, build_tiny_model, save_tiny_target
 
 REPO = Path(__file__).resolve().parents[2]
-NEW_FAMILIES = ["qwen3_5", "qwen3_5_moe", "nemotron_h", "nemotron_h_moe", "qwen3_vl"]
+NEW_FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_5_vl", "nemotron_h", "nemotron_h_moe", "qwen3_vl"]
 LAYERS = [0, 2, 4]
 
 

@@ -8,6 +8,12 @@ from blockdraft.models.tiny_target import build_tiny_model
 
 MASK_ID = 262  # <|reserved_2|> of the tiny tokenizer: never pad, eos or bos
 
+# Every model the tests build in this process is tiny: a second OpenMP thread only adds wake-up
+# latency to each op (a sampled tiny decode measured 17 ms with two threads, 15 ms with one; 40 ms
+# with two under OMP_WAIT_POLICY=PASSIVE), and leaves a core to the vLLM servers tests start.
+# Subprocesses (training runs, torchrun, vLLM) set their own thread counts.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def tiny_hf():

@@ -71,7 +71,6 @@ class Capture:
         from transformers import AutoTokenizer
 
         from blockdraft.models.target_families import load_text_config
-
         from blockdraft.train.distributed import init_distributed
 
         self.cfg = cfg

@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from blockdraft.errors import DataError
+from blockdraft.errors import ConfigError, DataError
 
 
 class Reason(str, Enum):
@@ -286,7 +286,6 @@ def new_report(source: Any) -> RejectReport:
 def _parsed(source: str | Path) -> Any:
     """The parsed source; one gone since the config was checked is a data error."""
     from blockdraft.data.sources import parse_source
-    from blockdraft.errors import ConfigError
 
     try:
         return parse_source(str(source), key="data file")

@@ -16,18 +16,11 @@ import torch
 from torch import nn
 
 from blockdraft.errors import ConfigError
-from blockdraft.models.target_families import SUPPORTED_ARCHITECTURES, TargetFamily, backbone_of, family_of
-
-__all__ = ["SUPPORTED_ARCHITECTURES", "TargetModel", "check_architecture", "load_causal_lm", "special_token_ids"]
+from blockdraft.models.target_families import TargetFamily, backbone_of, family_of
 
 
 class _StopForward(Exception):
     """Raised by the last needed hook to skip the target's remaining layers."""
-
-
-def check_architecture(architectures: Optional[Sequence[str]]) -> str:
-    family_of(architectures)
-    return list(architectures)[0]
 
 
 def load_causal_lm(path: str, dtype=torch.float32, device="cpu") -> nn.Module:

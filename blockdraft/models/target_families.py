@@ -11,7 +11,6 @@ family's Mamba or linear-attention layers are layers like any other in that coun
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -92,12 +91,6 @@ def family_of(architectures: Optional[Sequence[str]]) -> TargetFamily:
             f"(no known decoder-layer stack to hook). Supported: {list(SUPPORTED_ARCHITECTURES)}."
         )
     return family
-
-
-def family_of_directory(path: str | Path) -> TargetFamily:
-    """The family named by a target directory's config.json, read without transformers."""
-    config = json.loads((Path(path) / "config.json").read_text())
-    return family_of(config.get("architectures"))
 
 
 def text_config(config):

@@ -99,3 +99,17 @@ def test_a_folder_with_no_rows_in_it_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ConfigError, match="neither one written by datasets.save_to_disk nor one holding parquet"):
         check_source(str(tmp_path), "data.val")
+
+
+def test_regeneration_takes_its_prompts_from_a_datasets_source(tmp_path):
+    from blockdraft.data.regen_app import RegenConfig, source_conversations
+
+    path = _written("parquet", tmp_path)
+    conversations = source_conversations(str(path), limit=10)
+    # Every row that opens with a user question is a prompt (the rejected rows' openings too).
+    assert [c[0]["content"] for c in conversations] == ["q1", "q3", "q4", "q5"]
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="prompts='nobody-here/no-such-prompts'.*not in the local Hugging Face cache"):
+        RegenConfig(target_dir=str(target), out=str(tmp_path / "out"), prompts="nobody-here/no-such-prompts").validate()

@@ -27,6 +27,7 @@ class TargetState:
         """(logits, features) of `ids` at `positions`, read after everything kept so far."""
         if not self.recurrent:
             return self.target.forward(ids, self.cache, positions)
+        # The whole sequence from position 0: `positions` are the tail of these.
         self._read = torch.cat([self.kept, ids], 1)
         logits, features = self.target.forward(self._read, None, torch.arange(self._read.shape[1])[None])
         return logits[:, -ids.shape[1] :], features[:, -ids.shape[1] :]

@@ -76,17 +76,24 @@ def _vllm_models_dir() -> Path:
     return found[0]
 
 
+PINNED_VLLM = "0.32.0"  # the version whose lines `vllm_capture` cites (`make setup-serve` on a CPU)
+RECORDS_LAYER_PLUS_ONE = r"aux_hidden_states, (layer_)?idx \+ 1, hidden_states, residual"
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_the_pinned_offset_is_what_the_serving_vllm_records(family):
     """vLLM records layer i's output as aux layer i + 1, and adds 1 to each target_layer_id."""
     models = _vllm_models_dir()
     file, line = family.vllm_capture.split(":")
     lines = (models / file).read_text().splitlines()
-    call, recorded = lines[int(line) - 2], lines[int(line) - 1]
-    assert "_maybe_add_hidden_state(" in call
-    assert re.search(r"aux_hidden_states, (layer_)?idx \+ 1, hidden_states, residual", recorded)
+    if any(models.parents[2].glob(f"vllm*-{PINNED_VLLM}.dist-info")):
+        call, recorded = lines[int(line) - 2], lines[int(line) - 1]
+        assert "_maybe_add_hidden_state(" in call
+        assert re.search(RECORDS_LAYER_PLUS_ONE, recorded)
+    else:  # another vLLM (a GPU machine's): the lines move, the rule must not
+        assert any(re.search(RECORDS_LAYER_PLUS_ONE, text) for text in lines)
     runner = (models.parents[1] / "v1" / "worker" / "gpu_model_runner.py").read_text()
-    assert 'i + 1 for i in (dflash_config.get("target_layer_ids")' in runner
+    assert re.search(r"i \+ 1 for i in \(?dflash_config\.get\(\"target_layer_ids\"\)", runner)
 
 
 def test_an_unsupported_architecture_is_refused_naming_the_supported_ones():

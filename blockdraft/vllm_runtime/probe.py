@@ -77,22 +77,26 @@ def main(architectures: List[str]) -> None:
     from vllm.triton_utils import HAS_TRITON
 
     archs = ModelRegistry.get_supported_archs()
+    # What this vLLM can do, whatever the target: asked once, shared by every answer.
+    common = dict(
+        version=vllm.__version__,
+        device=current_platform.device_type,
+        has_triton=bool(HAS_TRITON),
+        v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
+        dflash_archs=sorted(a for a in archs if "DFlash" in a),
+        anchor_clamp=_anchor_clamp(),
+        cpu_head_sizes=_cpu_head_sizes(current_platform.device_type),
+    )
     answers = {}
     for architecture in architectures:
         known = architecture in archs
         model_class, arch_error = _model_class(ModelRegistry, architecture) if known else (None, None)
         answers[architecture] = dict(
-            version=vllm.__version__,
-            device=current_platform.device_type,
-            has_triton=bool(HAS_TRITON),
-            v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
-            dflash_archs=sorted(a for a in archs if "DFlash" in a),
+            common,
             arch_known=known,
             arch_supports_eagle3=model_class is not None and _supports_eagle3(model_class),
             arch_error=arch_error,
             arch_has_inner_state=model_class is not None and _has_inner_state(model_class),
-            anchor_clamp=_anchor_clamp(),
-            cpu_head_sizes=_cpu_head_sizes(current_platform.device_type),
         )
     print(MARKER + json.dumps(answers), flush=True)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from blockdraft.data.sources import check_source
 from blockdraft.errors import ConfigError
 
 OVERLONG_CHOICES = ("truncate", "drop")
@@ -50,8 +51,6 @@ class DataConfig:
         """Cheap checks that catch a typo before any tokenisation starts."""
         if require_train and not self.train:
             raise ConfigError("data.train is not set; set data.train=/path/to/train.jsonl")
-        from blockdraft.data.sources import check_source
-
         for key in ("train", "val"):
             spec = getattr(self, key)
             if spec:

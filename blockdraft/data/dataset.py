@@ -20,7 +20,8 @@ import torch
 from torch.utils.data import Dataset
 
 from blockdraft.data.config import DataConfig, as_data_config
-from blockdraft.data.rows import RejectReport, iter_rows, new_report
+from blockdraft.data.rows import RejectReport, iter_rows, new_report, parsed_source
+from blockdraft.data.sources import load_rows
 from blockdraft.data.tokenize import RowRejected, chat_template_of, tokenize_row
 from blockdraft.errors import DataError
 
@@ -246,9 +247,7 @@ def source_fingerprint(source: Any) -> str:
     else the rows' JSON."""
     digest = hashlib.sha256()
     if isinstance(source, (str, Path)) and not Path(source).expanduser().exists():
-        from blockdraft.data.sources import load_rows, parse_source
-
-        parsed = parse_source(str(source), key="data file")  # a hub id: its cached dataset's fingerprint
+        parsed = parsed_source(source)  # a hub id: its cached dataset's fingerprint
         digest.update(f"{parsed.spec}\n{load_rows(parsed)._fingerprint}".encode())
     elif isinstance(source, (str, Path)):
         path = Path(source).expanduser()

@@ -16,6 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
+from blockdraft.data.sources import load_rows, parse_source
 from blockdraft.errors import ConfigError, DataError
 
 
@@ -279,14 +280,12 @@ def iter_records(
 def new_report(source: Any) -> RejectReport:
     """An empty report named after the source: its spec (path or dataset id), or the kind of object given."""
     if isinstance(source, (str, Path)):
-        return RejectReport(source=str(source), unit=_parsed(source).unit)
+        return RejectReport(source=str(source), unit=parsed_source(source).unit)
     return RejectReport(source=f"<{type(source).__name__}>", unit="row")
 
 
-def _parsed(source: str | Path) -> Any:
+def parsed_source(source: str | Path) -> Any:
     """The parsed source; one gone since the config was checked is a data error."""
-    from blockdraft.data.sources import parse_source
-
     try:
         return parse_source(str(source), key="data file")
     except ConfigError as err:
@@ -298,9 +297,7 @@ def iter_rows(
 ) -> Iterator[ChatRow]:
     """Rows of a source string (`blockdraft.data.sources`), a `datasets.Dataset` or a list of dicts."""
     if isinstance(source, (str, Path)):
-        from blockdraft.data.sources import load_rows
-
-        parsed = _parsed(source)
+        parsed = parsed_source(source)
         if parsed.kind == "jsonl":
             return iter_jsonl_rows(Path(parsed.spec).expanduser(), report, strict, max_rows)
         return iter_records(load_rows(parsed), report, strict, max_rows)

@@ -149,7 +149,7 @@ def canonical_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
 
 def check_kind_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:
     """A DFlash2 draft is never read as DFlash (its conv and selector would be dropped), nor the reverse."""
-    if cfg.kind == "dflash":
+    if cfg.kind != "dflash2":
         extra = sorted(k for k in state if is_dflash2_only(k))
         if extra:
             raise ContractError(

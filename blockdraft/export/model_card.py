@@ -60,7 +60,7 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
 
 
 def kind_title(cfg: DraftModelConfig) -> str:
-    return {"dflash": "DFlash", "dflash2": "DFlash2"}[cfg.kind]
+    return {"dflash": "DFlash", "dflash2": "DFlash2", "jetspec": "JetSpec (causal DFlash)"}.get(cfg.kind, cfg.kind)
 
 
 def _metric_lines(source: CheckpointSource) -> list:

@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from blockdraft.errors import ConfigError
+from blockdraft.export.causality import kind_with_causality
 from blockdraft.models.draft_config import DraftModelConfig
 
 # What this exporter writes: the names in vLLM's model registry.
-EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+# JetSpec is vLLM's DFlash with `is_causal: true` (qwen3_dflash.py `_dflash_layer_causal`).
+EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "jetspec": "DFlashDraftModel"}
 # What the importer reads: the registry names plus the training stacks' Qwen3-prefixed names.
 IMPORT_ARCHITECTURES = {
     "DFlashDraftModel": "dflash",
@@ -45,8 +47,9 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
         "rope_theta": cfg.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "attention_bias": False,
-        # Written explicitly: without it a sliding-window draft silently turns causal.
-        "is_causal": False,
+        # Written explicitly: vLLM reads it first, and without it a sliding-window draft
+        # silently turns causal. True only for JetSpec, trained with the same causal mask.
+        "is_causal": cfg.is_causal,
         "tie_word_embeddings": False,
         "target_hidden_size": cfg.target_hidden_size,
         "num_target_layers": cfg.num_target_layers,
@@ -127,7 +130,7 @@ def draft_kind_of(config: Mapping, where: str = "config.json") -> str:
 
 def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -> DraftModelConfig:
     """A DraftModelConfig from a vLLM-style (or Automodel-style) draft config.json."""
-    kind = draft_kind_of(config, where)
+    kind = kind_with_causality(draft_kind_of(config, where), config, where)
     dflash = dict(config.get("dflash_config") or {})
     hidden = _required(config, "hidden_size", where)
     heads = _required(config, "num_attention_heads", where)

@@ -69,7 +69,7 @@ def export_draft(
         faults.point("export.after_weights")
         (staging / "README.md").write_text(model_card(cfg, source, out, _target_label(target_dir, source), dtype))
         result = verify_export(staging, draft, cfg, dtype)
-        write_export_info(staging, source, dtype, target_dir, result)
+        write_export_info(staging, cfg, source, dtype, target_dir, result)
         write_checksums(staging)  # last: it covers every file above; the importer verifies them
     except Exception as err:
         failed = _keep_failed(staging, out)
@@ -161,14 +161,16 @@ def stored_shapes(directory: Path) -> Dict[str, tuple]:
 def check_config_round_trip(directory: Path, cfg: DraftModelConfig) -> None:
     back = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME)).to_dict()
     want = cfg.to_dict()
-    skip = NOT_ROUND_TRIPPED + (DFLASH2_FIELDS if cfg.kind == "dflash" else ())
+    skip = NOT_ROUND_TRIPPED + (DFLASH2_FIELDS if cfg.kind != "dflash2" else ())
     differing = [f"{k}: wrote {back[k]!r}, trained {want[k]!r}" for k in want if k not in skip and back.get(k) != want[k]]
     if differing:
         raise ExportCheckError("config.json does not read back as the trained draft config:\n  " + "\n  ".join(differing))
 
 
-def write_export_info(directory: Path, source: CheckpointSource, dtype: str, target_dir, result: ReloadResult) -> None:
+def write_export_info(directory: Path, cfg: DraftModelConfig, source: CheckpointSource, dtype: str, target_dir, result: ReloadResult) -> None:
     info = {
+        # What the draft was trained as: preflight refuses a config.json edited to attend otherwise.
+        "draft_kind": cfg.kind,
         "source_checkpoint": str(source.path.absolute()),
         "step": source.step,
         "dtype": dtype,

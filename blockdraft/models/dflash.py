@@ -112,9 +112,12 @@ class DFlashDraftModel(nn.Module):
         """block_embeds [N, Tq, H] (Tq = blocks * block_len) -> normed hidden [N, Tq, H].
 
         attn_mask: bool [N, 1, Tq, Tc+Tq] (True = attend), a flex BlockMask, or None for
-        "every query sees every key" (one block over its own valid context).
+        one block over its own valid context: every query sees every key, or for a causal
+        (JetSpec) draft every context key and the block's slots up to its own.
         """
         block_len = block_len or block_embeds.shape[1]
+        if attn_mask is None and self.config.is_causal:
+            attn_mask = causal_single_block(block_embeds.shape[1], ctx_kv[0][0].shape[2], block_embeds.device)
         cos, sin = self.rotary(block_position_ids, block_embeds.dtype)
         h = block_embeds
         for layer, kv in zip(self.layers, ctx_kv):
@@ -178,3 +181,10 @@ class DFlashDraftModel(nn.Module):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+def causal_single_block(block_len: int, context_len: int, device) -> torch.Tensor:
+    """[1, 1, T, Tc+T] bool: all of the context, and block slots 0..k for slot k."""
+    block = torch.ones(block_len, block_len, dtype=torch.bool, device=device).tril()
+    context = torch.ones(block_len, context_len, dtype=torch.bool, device=device)
+    return torch.cat([context, block], dim=1)[None, None]

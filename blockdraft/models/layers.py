@@ -129,8 +129,19 @@ def _flex(cuda: bool):
     return _COMPILED_FLEX
 
 
-def sliding_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int]) -> Optional[torch.Tensor]:
-    """[N,1,Tq,Tk] bool keeping keys within `window` positions before each query, or None."""
-    if window is None:
+def single_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int], causal: bool = False) -> Optional[torch.Tensor]:
+    """[N,1,Tq,Tk] bool for one block over its context, or None (every query sees every key).
+
+    `window` keeps keys within that many positions before each query; `causal` keeps keys at
+    or before the query's position: the whole context (it precedes the anchor) and the block's
+    slots up to the query's own, as vLLM's causal attention does.
+    """
+    if window is None and not causal:
         return None
-    return (q_pos[:, None, :, None] - k_pos[:, None, None, :]) < window
+    distance = q_pos[:, None, :, None] - k_pos[:, None, None, :]
+    mask = torch.ones_like(distance, dtype=torch.bool)
+    if window is not None:
+        mask = mask & (distance < window)
+    if causal:
+        mask = mask & (distance >= 0)
+    return mask

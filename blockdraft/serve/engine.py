@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from blockdraft.models.dflash2 import DFlash2DraftModel
-from blockdraft.models.layers import sliding_window_mask
+from blockdraft.models.layers import single_block_mask
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
 from blockdraft.serve.target_state import TargetState
@@ -134,7 +134,7 @@ class SpeculativeEngine:
         positions = torch.arange(anchor_pos, anchor_pos + self.k + 1)[None]
         embeds = self.draft.embed(block_ids, self.target.embed_tokens)
         key_pos = torch.cat([ctx.positions, positions], 1)
-        mask = sliding_window_mask(positions, key_pos, self.draft.config.sliding_window)
+        mask = single_block_mask(positions, key_pos, self.draft.config.sliding_window, self.draft.config.is_causal)
         hidden = self.draft(embeds, positions, ctx.kv, mask)[:, 1:]  # [1, K, H]
         logits = self.draft.logits(hidden, self.target.lm_head_weight)  # [1, K, V]
         if isinstance(self.draft, DFlash2DraftModel):

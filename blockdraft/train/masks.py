@@ -7,7 +7,9 @@ context positions followed by the same A*B block slots. The rule mirrors serving
   t < a_j, t is a real token and t is in a_j's document (serving has the target's
   features only for tokens before the anchor);
 - it sees every slot of its own block, both directions (the draft is non-causal),
-  including padding blocks, so no softmax row is empty and nothing turns NaN;
+  including padding blocks, so no softmax row is empty and nothing turns NaN; a causal
+  draft (JetSpec) sees slots 0..k of its own block from slot k, as vLLM's causal
+  attention does (slot 0 always sees itself, so no row is empty either);
 - it never sees another block (each block stands alone in serving);
 - with a sliding window W, only keys whose position id is > the query's - W.
 
@@ -44,6 +46,7 @@ def dense_block_mask(
     block_position_ids: Tensor,
     block_size: int,
     sliding_window: Optional[int] = None,
+    causal: bool = False,
 ) -> Tensor:
     """Boolean attention mask, True = attend: [N, 1, A*B, T + A*B]."""
     _check_window(sliding_window)
@@ -60,6 +63,8 @@ def dense_block_mask(
     ctx = ctx.repeat_interleave(block_size, dim=1)  # [N, A*B, T]: one row per slot
     block_of = torch.arange(a * block_size, device=anchors.device) // block_size  # [A*B]
     own_block = block_of.unsqueeze(1) == block_of.unsqueeze(0)  # [A*B, A*B]
+    if causal:
+        own_block = own_block & torch.ones_like(own_block).tril()  # slot k sees slots <= k of its block
     mask = torch.cat([ctx, own_block.expand(n, -1, -1)], dim=-1)  # [N, A*B, T+A*B]
     if sliding_window is not None:
         key_pos = torch.cat([position_ids, block_position_ids], dim=1)  # [N, T+A*B]
@@ -76,6 +81,7 @@ def block_mask_mod(
     block_position_ids: Tensor,
     block_size: int,
     sliding_window: Optional[int] = None,
+    causal: bool = False,
 ) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
     """The rule as a flex-attention mask_mod(b, h, q_idx, kv_idx) over the given rows."""
     _check_window(sliding_window)
@@ -101,6 +107,8 @@ def block_mask_mod(
             & (document_ids[b, ctx_t] == document_ids[b, anchor])
         )
         sees_own_block = ~is_ctx & (slot // block_size == j)
+        if causal:
+            sees_own_block = sees_own_block & (slot <= q)
         allowed = (sees_ctx | sees_own_block) & (q_idx < q_len) & (kv_idx < kv_len)
         if sliding_window is None:
             return allowed
@@ -119,6 +127,7 @@ def flex_block_mask(
     block_position_ids: Tensor,
     block_size: int,
     sliding_window: Optional[int] = None,
+    causal: bool = False,
 ) -> BlockMask:
     """The same rule as `dense_block_mask`, as a flex-attention BlockMask.
 
@@ -127,7 +136,7 @@ def flex_block_mask(
     """
     mask_mod = block_mask_mod(
         anchors, anchor_valid, attention_mask, document_ids,
-        position_ids, block_position_ids, block_size, sliding_window,
+        position_ids, block_position_ids, block_size, sliding_window, causal,
     )
     n, t = attention_mask.shape
     q_len = block_position_ids.shape[1]

@@ -6,7 +6,7 @@ from blockdraft.serve.sampling import SamplingParams
 from tests.conftest import make_draft
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+@pytest.mark.parametrize("kind", ["dflash", "dflash2", "jetspec"])
 def test_greedy_equals_target_greedy_random_draft(tiny_hf, tiny_target, kind):
     draft = make_draft(tiny_hf, kind)
     engine = SpeculativeEngine(tiny_target, draft)
@@ -37,7 +37,7 @@ def _silence_layers(draft):
             layer.mlp.down_proj.weight.zero_()
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+@pytest.mark.parametrize("kind", ["dflash", "dflash2", "jetspec"])
 def test_hand_set_draft_is_fully_accepted(kind):
     from blockdraft.models.target import TargetModel
     from blockdraft.models.tiny_target import build_tiny_model

@@ -181,3 +181,28 @@ def test_a_window_below_one_is_a_config_error(inputs):
         dense_block_mask(**inputs, sliding_window=0)
     with pytest.raises(ConfigError, match="sliding_window"):
         block_mask_mod(**inputs, sliding_window=0)
+
+
+def test_a_causal_slot_sees_its_context_and_the_slots_up_to_its_own(inputs):
+    # JetSpec: the context rule is DFlash's; inside its block slot k sees slots 0..k only.
+    full, causal = dense_block_mask(**inputs)[:, 0], dense_block_mask(**inputs, causal=True)[:, 0]
+    assert torch.equal(causal[:, :, :T], full[:, :, :T])
+    slot = torch.arange(A * B)
+    own = full[:, :, T:] & (slot[None, :] <= slot[:, None])
+    assert torch.equal(causal[:, :, T:], own)
+    assert torch.equal(mask_mod_grid_causal(inputs), causal)
+
+
+def mask_mod_grid_causal(x):
+    mod = block_mask_mod(**x, causal=True)
+    b = torch.arange(2).view(2, 1, 1)
+    return mod(b, torch.zeros(()), torch.arange(A * B).view(1, -1, 1), torch.arange(T + A * B).view(1, 1, -1)).expand(2, A * B, T + A * B)
+
+
+def test_causal_flex_attention_equals_sdpa_with_the_dense_mask(inputs):
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 2, A * B, 8, generator=g)
+    k, v = torch.randn(2, 2, 2, T + A * B, 8, generator=g)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_block_mask(**inputs, causal=True))
+    flex = flex_attention(q, k, v, block_mask=flex_block_mask(**inputs, causal=True))
+    assert torch.allclose(sdpa, flex, atol=1e-5)

@@ -24,7 +24,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,demo]"
 	touch $@
 
-setup-serve: $(SERVE_VENV)/.stamp
+setup-serve: $(SERVE_VENV)/.stamp $(SERVE_VENV)/.plugin-stamp
 $(SERVE_VENV)/.stamp:
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/python -m pip install -q --upgrade pip
@@ -33,6 +33,15 @@ $(SERVE_VENV)/.stamp:
 	# beside the CPU torch; vLLM's text path needs none of them.
 	$(if $(HAS_CUDA),,$(SERVE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true)
 	$(SERVE_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
+# The vLLM plugin that serves other stacks' Qwen3DFlash*DraftModel drafts unchanged (vllm_plugin/):
+# no dependencies, reinstalled whenever one of its files changes. pip builds it in its folder,
+# whose build/ could carry a deleted module into the next build: removed after each install.
+PLUGIN_FILES := $(wildcard vllm_plugin/pyproject.toml vllm_plugin/blockdraft_vllm_plugin/*.py)
+$(SERVE_VENV)/.plugin-stamp: $(SERVE_VENV)/.stamp $(PLUGIN_FILES)
+	$(SERVE_VENV)/bin/python -m pip install -q ./vllm_plugin
+	rm -rf vllm_plugin/build vllm_plugin/*.egg-info
 	touch $@
 
 test: setup setup-serve

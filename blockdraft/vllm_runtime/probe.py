@@ -16,6 +16,8 @@ from typing import List, Optional
 
 MARKER = "BLOCKDRAFT_VLLM_PROBE "
 PROBE_TIMEOUT_S = 300
+# The entry point of vllm_plugin/ (its pyproject.toml): it registers the training stacks' draft names.
+ALIAS_PLUGIN = "blockdraft_dflash_aliases"
 
 
 @dataclass
@@ -24,13 +26,16 @@ class VllmInfo:
     device: str  # "cpu", "cuda", ... as vLLM's platform names it
     has_triton: bool  # Model Runner V2 (the only one that runs DFlash2) needs it
     v2_runner_env: Optional[str]  # VLLM_USE_V2_MODEL_RUNNER as set, or None
-    dflash_archs: List[str] = field(default_factory=list)  # DFlash* drafts this vLLM registers
+    dflash_archs: List[str] = field(default_factory=list)  # DFlash* drafts registered once plugins loaded
+    alias_plugin_installed: bool = False  # vllm_plugin/'s entry point is in the serving env
+    vllm_plugins_env: Optional[str] = None  # VLLM_PLUGINS as set (vLLM loads only the plugins it names)
     arch_known: bool = False
     arch_supports_eagle3: bool = False  # the target can hand aux hidden states to a draft
     arch_error: Optional[str] = None  # why vLLM's class for the target failed to import, if it did
     arch_has_inner_state: bool = False  # Mamba / linear-attention state that drafts must not corrupt
     anchor_clamp: Optional[bool] = None  # DFlash2 _score_edges clamps the anchor id; None = no DFlash2
     cpu_head_sizes: List[int] = field(default_factory=list)  # CPU attention's head sizes; [] off CPU
+    python: Optional[str] = None  # the serving interpreter that answered
 
     @property
     def can_run_dflash2(self) -> bool:
@@ -59,7 +64,7 @@ def probe_architectures(python: str | Path, architectures: List[str], timeout_s:
     for line in done.stdout.splitlines():
         if line.startswith(MARKER):
             answers = json.loads(line[len(MARKER) :])
-            return {arch: VllmInfo(**answer) for arch, answer in answers.items()}
+            return {arch: VllmInfo(**answer, python=str(python)) for arch, answer in answers.items()}
     tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
     raise ProbeError(
         f"{python} could not import vLLM (exit {done.returncode}); check `{python} -c 'import vllm'`, "
@@ -74,8 +79,12 @@ def main(architectures: List[str]) -> None:
     import vllm
     from vllm.model_executor.models import ModelRegistry
     from vllm.platforms import current_platform
+    from vllm.plugins import load_general_plugins
     from vllm.triton_utils import HAS_TRITON
 
+    # The registry as a server sees it: general plugins (this project's alias plugin among
+    # them, unless VLLM_PLUGINS leaves it out) register their architectures first.
+    load_general_plugins()
     archs = ModelRegistry.get_supported_archs()
     # What this vLLM can do, whatever the target: asked once, shared by every answer.
     common = dict(
@@ -84,6 +93,8 @@ def main(architectures: List[str]) -> None:
         has_triton=bool(HAS_TRITON),
         v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
         dflash_archs=sorted(a for a in archs if "DFlash" in a),
+        alias_plugin_installed=_entry_point_installed("vllm.general_plugins", ALIAS_PLUGIN),
+        vllm_plugins_env=os.environ.get("VLLM_PLUGINS"),
         anchor_clamp=_anchor_clamp(),
         cpu_head_sizes=_cpu_head_sizes(current_platform.device_type),
     )
@@ -99,6 +110,12 @@ def main(architectures: List[str]) -> None:
             arch_has_inner_state=model_class is not None and _has_inner_state(model_class),
         )
     print(MARKER + json.dumps(answers), flush=True)
+
+
+def _entry_point_installed(group: str, name: str) -> bool:
+    from importlib.metadata import entry_points
+
+    return any(point.name == name for point in entry_points(group=group))
 
 
 def _model_class(registry, architecture: str):

@@ -182,14 +182,15 @@ class Evaluation:
         say(f"{label}: {cell.tokens} tokens in {wall:.1f} s ({cell.tokens_per_s or 0:.1f} tokens/s)")
 
     def _run_reference(self, server: str, todo: List[CellKey]) -> None:
-        """DFlash2 on a vLLM that cannot run it: the reference engine, one prompt at a time, with
-        the target alone decoded in the same process as this cell's own baseline."""
+        """A draft the serving vLLM cannot run (DFlash2 on a CPU, Domino anywhere): the reference
+        engine, one prompt at a time, with the target alone decoded in the same process as this
+        cell's own baseline."""
         from blockdraft.serve.engine import DecodeStats
         from blockdraft.serve.reference_check import decode_all, load_engine, spec_metrics
         from blockdraft.serve.sampling import SamplingParams
 
         plan = self.plans[server][1]
-        say(f"{server}: REFERENCE ENGINE (this vLLM cannot run the DFlash2 draft), concurrency 1 only")
+        say(f"{server}: REFERENCE ENGINE (this vLLM cannot run the draft: see its warning above), concurrency 1 only")
         engine = load_engine(plan, self.cfg.ignore_eos)
         for key in todo:
             spec, o = self.cfg.spec(key.setting), self.cfg.options(key.dataset)

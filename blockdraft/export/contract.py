@@ -33,6 +33,8 @@ def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
             shapes.update(_conv_shapes(cfg, f"layers.{i}."))
     if cfg.kind == "dflash2":
         shapes.update(_selector_shapes(cfg))
+    if cfg.kind == "domino":
+        shapes.update(_correction_shapes(cfg))
     if cfg.train_mask_embedding:
         # In a checkpoint a tensor like any other; an export keeps it in mask_embedding.pt.
         shapes["mask_embedding"] = (h,)
@@ -79,6 +81,22 @@ def _selector_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
         "candidate_selector.successor_codebook": (v, r),
         "candidate_selector.hidden_projection.weight": (r, cfg.hidden_size),
     }
+
+
+def _correction_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
+    """Domino's head (models/domino.py): not a vLLM contract, since vLLM has no Domino drafter, but
+    the importer and the reference engine hold an export to it the same way."""
+    h, s, r = cfg.hidden_size, cfg.correction_hidden_size, cfg.correction_rank
+    return {
+        "correction.gru.weight_ih": (3 * s, h),
+        "correction.gru.weight_hh": (3 * s, s),
+        "correction.down.weight": (r, h + s),
+        "correction.up.weight": (cfg.vocab_size, r),
+    }
+
+
+def is_domino_only(name: str) -> bool:
+    return name.startswith("correction.")
 
 
 def is_dflash2_only(name: str) -> bool:

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes, is_dflash2_only
+from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes, is_dflash2_only, is_domino_only
 from blockdraft.export.mask_embedding import STATE_NAME, check_mask_token, read_mask_embedding
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.integrity import verify_checksums
@@ -148,7 +148,9 @@ def canonical_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
 
 
 def check_kind_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:
-    """A DFlash2 draft is never read as DFlash (its conv and selector would be dropped), nor the reverse."""
+    """A DFlash2 draft is never read as DFlash (its conv and selector would be dropped), nor the reverse;
+    likewise a Domino draft and its correction head."""
+    check_domino_consistency(state, cfg, directory)
     if cfg.kind != "dflash2":
         extra = sorted(k for k in state if is_dflash2_only(k))
         if extra:
@@ -165,6 +167,22 @@ def check_kind_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig
             f"{directory / CONFIG_NAME} declares a DFlash2 draft, but the weights lack its conv/selector "
             f"tensors: {_some(missing)}. vLLM would serve uninitialised memory in their place. "
             "Export the DFlash2 checkpoint these weights came from, or declare it DFlashDraftModel if it is one."
+        )
+
+
+def check_domino_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:
+    found = sorted(k for k in state if is_domino_only(k))
+    if cfg.kind != "domino" and found:
+        raise ContractError(
+            f"{directory / CONFIG_NAME} declares a {cfg.kind} draft, but the weights carry Domino correction "
+            f"tensors: {_some(found)}. Loading it as {cfg.kind} would silently drop them. If it is a Domino draft, "
+            'set architectures to ["DominoDraftModel"] and add dflash_config.correction_hidden_size and correction_rank.'
+        )
+    missing = sorted(k for k in expected_shapes(cfg) if is_domino_only(k) and k not in state)
+    if cfg.kind == "domino" and missing:
+        raise ContractError(
+            f"{directory / CONFIG_NAME} declares a Domino draft, but the weights lack its correction head: "
+            f"{_some(missing)}. Export the Domino checkpoint these weights came from, or declare the draft's real kind."
         )
 
 

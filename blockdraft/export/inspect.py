@@ -10,6 +10,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.export.contract import contract_problems
 from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files, with_mask_embedding
 from blockdraft.export.model_card import serve_command, shape_line
+from blockdraft.export.reference_only import SERVING_NOTE_KEY, vllm_servable
 from blockdraft.export.source import resolve_checkpoint
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
 from blockdraft.export.writer import EXPORT_INFO
@@ -37,7 +38,7 @@ def describe(directory: str | Path) -> str:
         f"size on disk: {_human(_disk_size(directory))}",
         "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),
         f"  serve with num_speculative_tokens = {cfg.block_size - 1} (block_size - 1):",
-        f"    {serve_command(_recorded_target(directory), directory.absolute(), cfg.block_size)}",
+        f"    {serve_command(_recorded_target(directory), directory.absolute(), cfg.block_size, cfg.kind)}",
     ]
     return "\n".join(lines)
 
@@ -48,7 +49,10 @@ def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
         config = read_config(directory)
         cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
         cfg.train_mask_embedding = with_mask_embedding(directory, cfg)
-        return cfg, "a vLLM draft export (config.json + safetensors)", ", ".join(config["architectures"]), directory
+        holds = "a vLLM draft export (config.json + safetensors)"
+        if not vllm_servable(config, cfg.kind):
+            holds = f"a draft export (config.json + safetensors) that vLLM cannot serve: {config.get(SERVING_NOTE_KEY, cfg.kind)}"
+        return cfg, holds, ", ".join(config["architectures"]), directory
     if not directory.is_dir():
         raise ConfigError(f"inspect={directory} does not exist; give an export, a checkpoint or a run directory.")
     source = resolve_checkpoint(directory, key="inspect")

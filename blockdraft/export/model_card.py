@@ -6,13 +6,17 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from blockdraft.export.reference_only import REASONS
 from blockdraft.export.source import CheckpointSource, last_accept_lengths
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES
 from blockdraft.models.draft_config import DraftModelConfig
 
 
-def serve_command(target: Optional[str], draft_dir: str | Path, block_size: int) -> str:
-    """The vLLM command for this draft; num_speculative_tokens = block_size - 1 (vLLM never checks it)."""
+def serve_command(target: Optional[str], draft_dir: str | Path, block_size: int, kind: str = "dflash") -> str:
+    """The vLLM command for this draft; num_speculative_tokens = block_size - 1 (vLLM never checks it).
+    A kind vLLM cannot serve gets the reference engine's command instead."""
+    if kind in REASONS:
+        return f"python -m blockdraft.serve draft={draft_dir} target={target or '<target>'} engine=reference"
     spec = json.dumps({"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": block_size - 1})
     return f"vllm serve {target or '<target>'} --speculative-config '{spec}'"
 
@@ -32,12 +36,13 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
         "# Choose a license before publishing; the target model's terms usually apply to the draft too.",
         "license:",
         f"base_model: {target_name}",
-        "tags: [speculative-decoding, dflash, vllm]",
+        "tags: [speculative-decoding, dflash, " + ("domino]" if cfg.kind == "domino" else "vllm]"),
         "---",
         "",
         f"# {kind_title(cfg)} draft for {target_name}",
         "",
-        f"A block drafter for speculative decoding of `{target or 'unknown'}` with vLLM.",
+        f"A block drafter for speculative decoding of `{target or 'unknown'}` "
+        + ("with the project's reference engine (not vLLM)." if cfg.kind in REASONS else "with vLLM."),
         "",
         f"- kind: {cfg.kind} (`{EXPORT_ARCHITECTURES[cfg.kind]}`), dtype {dtype}",
         f"- shape: {shape_line(cfg)}",
@@ -48,19 +53,29 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
         "",
         "## Serve",
         "",
-        "```",
-        serve_command(target, out_dir, cfg.block_size),
-        "```",
-        "",
-        f"Serve with `num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}`: vLLM does not read the "
-        "trained block size and accepts any other value without warning.",
-        "",
+        *_serve_lines(cfg, target, out_dir),
     ]
     return "\n".join(lines)
 
 
+def _serve_lines(cfg: DraftModelConfig, target: Optional[str], out_dir: Path) -> list:
+    command = ["```", serve_command(target, out_dir, cfg.block_size, cfg.kind), "```", ""]
+    if cfg.kind in REASONS:
+        return [
+            f"**Not servable by vLLM**: {REASONS[cfg.kind]}; config.json says so (`vllm_servable: false`). "
+            "The project's reference engine decodes it (greedy output identical to the target's, batch size 1):",
+            "", *command,
+        ]
+    return command + [
+        f"Serve with `num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}`: vLLM does not read the "
+        "trained block size and accepts any other value without warning.",
+        "",
+    ]
+
+
 def kind_title(cfg: DraftModelConfig) -> str:
-    return {"dflash": "DFlash", "dflash2": "DFlash2", "jetspec": "JetSpec (causal DFlash)"}.get(cfg.kind, cfg.kind)
+    return {"dflash": "DFlash", "dflash2": "DFlash2", "jetspec": "JetSpec (causal DFlash)",
+            "domino": "Domino (DFlash + GRU correction)"}.get(cfg.kind, cfg.kind)
 
 
 def _metric_lines(source: CheckpointSource) -> list:

@@ -7,7 +7,8 @@ comparisons:
 - against the trained module with its weights rounded to the export dtype: must be
   exact up to fp32 noise, so any config or name drift shows however small;
 - against the trained module as it is: within a tolerance for the dtype's rounding.
-DFlash2 also compares the selector's scores, which the logits never touch.
+DFlash2 also compares the selector's scores and Domino its corrected logits, which the base
+logits never touch.
 """
 
 from __future__ import annotations
@@ -97,11 +98,16 @@ def make_probe(cfg: DraftModelConfig, lm_head_weight: Optional[torch.Tensor] = N
 
 @torch.no_grad()
 def run_probe(draft: nn.Module, probe: Probe) -> torch.Tensor:
-    """Logits [1, 2B, V], with DFlash2's selector scores [1, 2B, k] appended along the last dim."""
+    """Logits [1, 2B, V], with DFlash2's selector scores [1, 2B, k] or Domino's corrected logits
+    [1, 2B, V] (teacher-forced on the probe's predecessors) appended along the last dim."""
     cfg = draft.config
     kv = draft.context_kv(probe.features, probe.context_positions)
     hidden = draft(draft.embed(probe.block_ids, probe.embed), probe.block_positions, kv, None, cfg.block_size)
     logits = draft.draft_logits(hidden, probe.lm_head)  # a reduced vocabulary: its own head, no -inf fill
+    if cfg.kind == "domino":
+        predecessors = probe.predecessor_ids.view(2, cfg.block_size)  # the probe's two blocks
+        states = draft.correction_states(predecessors, probe.embed).view(1, 2 * cfg.block_size, -1)
+        return torch.cat([logits, draft.corrected_logits(hidden, states, probe.lm_head)], dim=-1)
     if cfg.kind != "dflash2":
         return logits
     scores = draft.candidate_selector.score(hidden, probe.predecessor_ids, probe.candidate_ids, probe.candidate_logits)

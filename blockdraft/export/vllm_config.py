@@ -13,17 +13,21 @@ from typing import Any, Mapping, Optional
 
 from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_with_causality
+from blockdraft.export.reference_only import domino_dflash_config, read_domino, reference_only_keys
 from blockdraft.models.draft_config import DraftModelConfig
 
 # What this exporter writes: the names in vLLM's model registry.
 # JetSpec is vLLM's DFlash with `is_causal: true` (qwen3_dflash.py `_dflash_layer_causal`).
-EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "jetspec": "DFlashDraftModel"}
+EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "jetspec": "DFlashDraftModel",
+                        # Not in vLLM's registry: the reference engine serves it (export/reference_only.py).
+                        "domino": "DominoDraftModel"}
 # What the importer reads: the registry names plus the training stacks' Qwen3-prefixed names.
 IMPORT_ARCHITECTURES = {
     "DFlashDraftModel": "dflash",
     "Qwen3DFlashDraftModel": "dflash",
     "DFlash2DraftModel": "dflash2",
     "Qwen3DFlash2DraftModel": "dflash2",
+    "DominoDraftModel": "domino",
 }
 DFLASH2_REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DFLASH2_FIELDS = DFLASH2_REQUIRED + ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
@@ -61,7 +65,8 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
     if cfg.draft_vocab_size:
         # vLLM then builds the draft's own head of this size and reads `d2t` (draft id -> target id offset).
         out["draft_vocab_size"] = cfg.draft_vocab_size
-    out["dflash_config"] = _dflash_config(cfg)
+    out["dflash_config"] = {**_dflash_config(cfg), **domino_dflash_config(cfg)}
+    out.update(reference_only_keys(cfg))
     return out
 
 
@@ -160,6 +165,8 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
     )
     if kind == "dflash2":
         _read_dflash2(cfg, dflash, where)
+    if kind == "domino":
+        read_domino(cfg, dflash, where)
     return cfg.validate()
 
 

@@ -2,9 +2,12 @@
 
 from blockdraft.models.dflash import DFlashDraftModel
 from blockdraft.models.dflash2 import DFlash2DraftModel
+from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.draft_config import DRAFT_KINDS, DraftModelConfig, check_kind
 
-DRAFT_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel}
+# JetSpec is DFlash with causal attention inside the block (`DraftModelConfig.is_causal`): same weights.
+DRAFT_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel, "jetspec": DFlashDraftModel,
+                 "domino": DominoDraftModel}
 
 
 def build_draft(cfg: DraftModelConfig):

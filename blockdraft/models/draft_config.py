@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from blockdraft.errors import ConfigError
 
-DRAFT_KINDS = ("dflash", "dflash2")
+DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino")
 
 
 @dataclass
@@ -47,6 +47,9 @@ class DraftModelConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: Optional[float] = None
+    # Domino only: the GRU state's width and the rank of the logit correction (models/domino.py).
+    correction_hidden_size: int = 1024
+    correction_rank: int = 256
     # Token ids the mask token must never alias (pad/eos/bos); checked, not serialised.
     forbidden_mask_ids: List[int] = field(default_factory=list)
 
@@ -68,13 +71,15 @@ class DraftModelConfig:
             )
         if self.kind == "dflash2":
             self._validate_dflash2()
+        if self.kind == "domino":
+            self._validate_domino()
         if self.draft_vocab_size is not None:
             self._validate_draft_vocab()
         return self
 
     def _validate_draft_vocab(self) -> None:
         n = self.draft_vocab_size
-        if self.kind != "dflash":
+        if self.kind == "dflash2":
             raise ConfigError(
                 f"draft.draft_vocab_size={n} with draft.kind={self.kind}: vLLM's DFlash2 takes its candidate "
                 "top-k from the target's full head; keep the full vocabulary (draft_vocab_size=null) or train dflash."
@@ -100,6 +105,21 @@ class DraftModelConfig:
             )
         if self.selector_rank < 1:
             raise ConfigError(f"draft.selector_rank={self.selector_rank}: set it >= 1 (64 is usual).")
+
+    def _validate_domino(self) -> None:
+        if self.draft_vocab_size is not None:
+            raise ConfigError(
+                f"draft.draft_vocab_size={self.draft_vocab_size} with draft.kind=domino: the Domino correction "
+                "spans the target's full vocabulary; keep draft_vocab_size=null, or train dflash for a reduced head."
+            )
+        for key in ("correction_hidden_size", "correction_rank"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"draft.{key}={getattr(self, key)}: set it >= 1 (1024 and 256 are the published sizes).")
+
+    @property
+    def is_causal(self) -> bool:
+        """JetSpec: slot k attends to the context and slots 0..k of its block (DFlash sees the whole block)."""
+        return self.kind == "jetspec"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

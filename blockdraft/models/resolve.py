@@ -17,7 +17,7 @@ class DraftConfig:
     """Schema of the `draft` config group."""
 
     kind: str = "dflash"
-    """dflash | dflash2."""
+    """One of DRAFT_KINDS (models/draft_config.py): dflash | dflash2 | jetspec | domino."""
     num_layers: int = 1
     """Draft decoder layers."""
     block_size: int = 16
@@ -50,6 +50,10 @@ class DraftConfig:
     """Train the embedding of the MASK slots (vLLM reads it from the export's mask_embedding.pt)."""
     mask_embedding_init: str = "token"
     """token (the target's row for mask_token_id) | mean (the mean of the target's embedding table)."""
+    correction_hidden_size: Optional[int] = None
+    """Domino: width of the GRU state; null = min(hidden_size, 1024) (1024: the published recipe's)."""
+    correction_rank: int = 256
+    """Domino: rank of the low-rank logit correction."""
 
 
 def _rope_theta(target_config) -> float:
@@ -66,6 +70,14 @@ def _dense_intermediate_size(target_config) -> int:
     """The draft's MLP width: the target's dense one; an all-MoE target (Qwen3.5-MoE) has none,
     so 3 x hidden, the ratio of the dense Qwen3 models (draft.intermediate_size overrides it)."""
     return _target_width(target_config, "intermediate_size") or 3 * target_config.hidden_size
+
+
+def _domino_sizes(draft: DraftConfig, hidden: int) -> dict:
+    # Other kinds keep the dataclass defaults, so their saved configs (and resume checks) never change.
+    if draft.kind != "domino":
+        return {}
+    state = draft.correction_hidden_size if draft.correction_hidden_size is not None else min(hidden, 1024)
+    return {"correction_hidden_size": state, "correction_rank": draft.correction_rank}
 
 
 def resolve_layer_ids(draft: DraftConfig, target_config) -> List[int]:
@@ -112,6 +124,7 @@ def resolve_draft_config(
         conv_group_size=draft.conv_group_size,
         selector_rank=draft.selector_rank,
         selector_top_k=draft.selector_top_k,
+        **_domino_sizes(draft, hidden),
         # Supported targets (Qwen/Llama families) have no embedding scale or logit transform,
         # so input_embedding_scale / output_multiplier / softcapping keep their identity defaults.
         forbidden_mask_ids=list(forbidden_mask_ids),

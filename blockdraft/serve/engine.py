@@ -1,6 +1,6 @@
 """Reference speculative decoding: a target with a KV cache (re-read in full where it has
-recurrent layers: `target_state`), a DFlash(2) draft with a cache of its projected context,
-batch size 1. Lossless by construction; tested token for token against the target's own decode.
+recurrent layers: `target_state`), a DFlash(2) / Domino draft with a cache of its projected
+context, batch size 1. Lossless by construction; tested token for token against the target's own decode.
 
 One step, with the last token t at position a (not yet seen by the target):
     draft:  block [t, MASK x K] at positions a..a+K -> proposals d_1..d_K (+ their q)
@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from blockdraft.models.dflash2 import DFlash2DraftModel
+from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.layers import single_block_mask
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
@@ -136,6 +137,17 @@ class SpeculativeEngine:
         key_pos = torch.cat([ctx.positions, positions], 1)
         mask = single_block_mask(positions, key_pos, self.draft.config.sliding_window, self.draft.config.is_causal)
         hidden = self.draft(embeds, positions, ctx.kv, mask)[:, 1:]  # [1, K, H]
+        if isinstance(self.draft, DominoDraftModel):
+            # Serial: each slot is corrected with the tokens drafted before it, and q_i is what d_i was
+            # drawn from given them, as verification's p_i is given the same tokens.
+            def pick(slot_logits):
+                slot_q = probabilities(slot_logits, params)
+                return draw(slot_q, gen), slot_q
+
+            tokens, q = self.draft.decode(
+                hidden, torch.tensor([anchor]), self.target.embed_tokens, self.target.lm_head_weight, pick
+            )
+            return tokens[0], q[0]
         logits = self.draft.logits(hidden, self.target.lm_head_weight)  # [1, K, V]
         if isinstance(self.draft, DFlash2DraftModel):
             tokens, q = self.draft.candidate_selector.walk(

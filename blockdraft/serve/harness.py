@@ -116,17 +116,22 @@ def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
 
 
 # --- the vLLM runs ---------------------------------------------------------------------
-def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record: RunRecord) -> None:
-    speculative = {
+def speculative_config(cfg: ServeConfig, plan: Plan) -> dict:
+    """vLLM's --speculative-config for the draft (every DFlash kind vLLM runs is method dflash)."""
+    return {
         "method": "dflash",
         "model": str(Path(cfg.draft_dir).resolve()),
         "num_speculative_tokens": plan.num_speculative_tokens,
     }
+
+
+def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record: RunRecord) -> None:
+    speculative = speculative_config(cfg, plan)
     for number in range(1, record.planned_rounds + 1):
         round_ = Round(order=PHASES if number % 2 else PHASES[::-1])
         record.rounds.append(round_)
         for phase in round_.order:
-            completions = _serve_and_generate(cfg, plan, prompts, record, phase, speculative if phase == "draft" else None, number)
+            completions = serve_and_generate(cfg, plan, prompts, record, phase, speculative if phase == "draft" else None, number)
             setattr(round_, phase, completions)
     runner = runner_from_log(Path(cfg.out) / log_name("draft", 1))
     record.environment["runner"] = runner
@@ -146,9 +151,11 @@ def phase_suffix(round_number: int) -> str:
     return "" if round_number == 1 else f"_round{round_number}"
 
 
-def _serve_and_generate(
+def serve_and_generate(
     cfg: ServeConfig, plan: Plan, prompts, record: RunRecord, phase: str, speculative: Optional[dict], number: int
 ) -> List[Completion]:
+    """One fresh server for `phase` (with the draft when `speculative` is given): start it, generate
+    every prompt (timed, the draft's counters read around them), stop it."""
     model = str(Path(cfg.target_dir).resolve())
     args, env = server_arguments(cfg, plan.device)
     log_path = Path(cfg.out) / log_name(phase, number)

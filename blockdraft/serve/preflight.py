@@ -13,12 +13,20 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from blockdraft.errors import ConfigError
+from blockdraft.export.causality import kind_with_causality
+from blockdraft.export.reference_only import REASONS, vllm_servable
+from blockdraft.export.writer import EXPORT_INFO
 from blockdraft.integrity import verify_checksums
 from blockdraft.models.target_families import num_layers_in
 from blockdraft.serve.config import ServeConfig
+from blockdraft.serve.draft_aliases import ALIASES, alias_problem
 from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
 
-DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+# DominoDraftModel is the project's own name: its exports go to the reference engine (choose_engine).
+DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2", "DominoDraftModel": "domino"}
+# Other training stacks' names, served unchanged through vllm_plugin/ (draft_aliases.py).
+DRAFT_KINDS.update({alias: DRAFT_KINDS[name] for alias, name in ALIASES.items()})
+VLLM_DFLASH_KINDS = ("dflash", "jetspec")  # vLLM's DFlashDraftModel serves both
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
@@ -36,6 +44,8 @@ class DraftFacts:
     target_layer_ids: List[int]
     mask_token_id: int
     block_size: Optional[int]
+    vllm_servable: bool = True
+    """False for a kind vLLM has no drafter for (config.json's `vllm_servable: false`)."""
 
 
 @dataclass
@@ -94,7 +104,7 @@ def read_draft(directory: str | Path) -> DraftFacts:
             f"{where}: dflash_config with mask_token_id and target_layer_ids is required (vLLM reads the "
             "target layers and the mask token from it); re-export the draft with `python -m blockdraft.export`."
         )
-    kind = DRAFT_KINDS[arch]
+    kind = check_trained_attention(kind_with_causality(DRAFT_KINDS[arch], config, where), directory, where)
     missing = [k for k in DFLASH2_KEYS if kind == "dflash2" and k not in dflash]
     if missing:
         raise ConfigError(
@@ -112,7 +122,23 @@ def read_draft(directory: str | Path) -> DraftFacts:
         target_layer_ids=[int(i) for i in dflash["target_layer_ids"]],
         mask_token_id=int(dflash["mask_token_id"]),
         block_size=_block_size(dflash, config),
+        vllm_servable=vllm_servable(config, kind),
     )
+
+
+def check_trained_attention(kind: str, directory: Path, where: str) -> str:
+    """The kind config.json makes vLLM serve must be the kind the export says it trained: a JetSpec
+    draft served non-causally (or a DFlash draft causally) loses most of its acceptance, silently."""
+    info_path = directory / EXPORT_INFO
+    trained = json.loads(info_path.read_text()).get("draft_kind") if info_path.is_file() else None
+    causal = {"jetspec": "causal", "dflash": "non-causal"}
+    if trained in causal and kind in causal and trained != kind:
+        raise ConfigError(
+            f"{where}: vLLM would run this draft's attention {causal[kind]}, but it was trained as {trained} "
+            f"({causal[trained]} attention, {info_path.name}). Set `is_causal` to {str(trained == 'jetspec').lower()} "
+            "or export the checkpoint again."
+        )
+    return kind
 
 
 def _block_size(dflash: dict, config: dict) -> Optional[int]:
@@ -243,7 +269,10 @@ def check_vllm_support(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -
             "engine=auto or engine=reference to check the draft on the reference engine, or use a target "
             "whose vLLM class supports it (Qwen3, Qwen2, Llama, Mistral, NemotronH, ...)."
         )
-    if draft.kind == "dflash" and draft.architecture not in info.dflash_archs:
+    alias = alias_problem(info, draft.architecture)
+    if alias:
+        raise ConfigError(f"{draft.directory / 'config.json'}: {alias}")
+    if draft.kind in VLLM_DFLASH_KINDS and draft.architecture not in info.dflash_archs:
         raise ConfigError(
             f"vLLM {info.version} has no {draft.architecture} in its registry; serve with a vLLM that has "
             "DFlash (`make setup-serve` installs one) via vllm_python."
@@ -266,6 +295,14 @@ def choose_engine(
     reference engine, saying why; `requested` = vllm refuses instead, = reference skips vLLM."""
     if requested == "reference":
         return "reference", ["engine=reference: the draft is checked with the project's reference engine, not with vLLM."]
+    if not draft.vllm_servable:
+        reason = REASONS.get(draft.kind, "its config.json says `vllm_servable: false`")
+        if requested == "vllm":
+            raise ConfigError(
+                f"engine=vllm: {reason}, so vLLM cannot serve {draft.directory}. Set engine=auto or "
+                "engine=reference to check it with the project's reference engine."
+            )
+        return "reference", [f"{reason}. The draft is checked with the project's own reference engine instead, not with vLLM."]
     problem = target_serving_problem(info, target) if target is not None else None
     if problem is not None:
         if requested == "vllm":
@@ -274,7 +311,7 @@ def choose_engine(
             f"{problem}, so vLLM cannot serve this target here. The draft is checked with the project's own "
             "reference engine instead, not with vLLM."
         ]
-    if draft.kind == "dflash" or info.can_run_dflash2:
+    if draft.kind in VLLM_DFLASH_KINDS or info.can_run_dflash2:
         return "vllm", []
     why = "it has no Triton GPU backend" if info.device == "cpu" or not info.has_triton else "its V2 model runner is off"
     refusal = (

@@ -98,7 +98,7 @@ IDENTITY_KEYS = (
     "kind", "mask_token_id", "target_layer_ids", "block_size", "hidden_size", "intermediate_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
     "target_hidden_size", "num_target_layers", "conv_kernel_size", "conv_group_size", "selector_rank",
-    "draft_vocab_size", "train_mask_embedding",
+    "draft_vocab_size", "train_mask_embedding", "correction_hidden_size", "correction_rank",
 )
 
 

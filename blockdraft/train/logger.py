@@ -98,6 +98,8 @@ def summarize(sums: dict, world_tokens: Optional[float] = None) -> dict:
         out["kl"] = float(sums["kl_sum"] / sums["micro_batches"])
     if "labels_outside_vocab" in sums:
         out["label_outside_vocab_share"] = float(sums["labels_outside_vocab"] / sums["slot_supervised"].sum().clamp_min(1))
+    if "correction_base_correct" in sums:  # Domino: the backbone's own accuracy, beside the corrected acc_per_slot
+        out["base_acc"] = float(sums["correction_base_correct"] / sums["slot_supervised"].sum().clamp_min(1))
     if "selector_loss_sum" in sums:
         m = sums["slot_supervised"].sum().clamp_min(1)
         out["selector_loss"] = float(sums["selector_loss_sum"] / sums["micro_batches"])

@@ -97,6 +97,11 @@ def check_draft_vocab(cfg: TrainAppConfig) -> None:
             "from the target's full head, so a DFlash2 draft keeps the full vocabulary. Drop draft.draft_vocab_size, "
             "or train draft.kind=dflash."
         )
+    if cfg.draft.kind == "domino":
+        raise ConfigError(
+            f"draft.draft_vocab_size={n} with draft.kind=domino: the Domino correction spans the target's full "
+            "vocabulary. Drop draft.draft_vocab_size, or train draft.kind=dflash for a reduced head."
+        )
     if n < 1:
         raise ConfigError(f"draft.draft_vocab_size={n}: use a positive size (e.g. 8192 or 32768), or null for the full vocabulary.")
 

@@ -1,7 +1,8 @@
 """One micro-batch: capture target features, draw blocks, run the draft, compute losses/metrics.
 
 Data flows: batch -> features -> anchors/blocks/mask -> draft hidden -> logits of the
-supervised slots -> block CE (+ DFlash2 selector CE) and the metrics serving will see.
+supervised slots -> block CE (+ DFlash2 selector CE; Domino: on its corrected logits) and the
+metrics serving will see.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from blockdraft.models.dflash2 import DFlash2DraftModel
+from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
@@ -43,10 +45,10 @@ class StepResult:
     """Sums and counts only, so that an all-reduce gives exact global metrics."""
 
 
-def block_attention_mask(blocks, batch, block_size: int, backend: str, sliding_window: Optional[int]):
+def block_attention_mask(blocks, batch, block_size: int, backend: str, sliding_window: Optional[int], causal: bool = False):
     args = (
         blocks.anchors, blocks.anchor_valid, batch["attention_mask"], batch["document_ids"],
-        batch["position_ids"], blocks.block_position_ids, block_size, sliding_window,
+        batch["position_ids"], blocks.block_position_ids, block_size, sliding_window, causal,
     )
     return flex_block_mask(*args) if backend == "flex" else dense_block_mask(*args)
 
@@ -80,7 +82,7 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     target_seconds = _now(batch["input_ids"].device) - started
     if cfg.feature_noise_std and draft.training:
         features = add_feature_noise(features, cfg.feature_noise_std, generator)
-    mask = block_attention_mask(blocks, batch, b, backend, dcfg.sliding_window)
+    mask = block_attention_mask(blocks, batch, b, backend, dcfg.sliding_window, dcfg.is_causal)
     ctx_kv = module.context_kv(features, batch["position_ids"])
     embeds = module.embed(blocks.block_ids, target.embed_tokens)  # [N, A*B, H]
     hidden = draft(embeds, blocks.block_position_ids, ctx_kv, mask, b)  # [N, A*B, H]
@@ -96,11 +98,17 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     loss_labels = loss_labels.clamp(min=0)
     lm_head = module.head_weight(target.lm_head_weight)  # [V_draft, H]
     chunk = cfg.loss_chunk_size
+    base_pred = None
+    if isinstance(module, DominoDraftModel):
+        # Teacher-forced correction; its logits are [W | up] [h ; u], so every loss below runs on them as is.
+        base_pred = _chunked_argmax(module, h_sup, lm_head, chunk or max(1, len(h_sup)))
+        states = module.correction_states(blocks.predecessors, target.embed_tokens)  # [N, A, B, S]
+        h_sup, lm_head = module.joint_hidden(h_sup, states[sup]), module.joint_head(lm_head)  # [M, H+R], [V, H+R]
     if chunk:
         ce = chunked_cross_entropy_rows(h_sup, lm_head, loss_labels, chunk, _transform(module))  # [M]
         pred_sup, logits = _chunked_argmax(module, h_sup, lm_head, chunk), None
     else:
-        logits = module.draft_logits(h_sup, target.lm_head_weight)  # [M, V_draft]
+        logits = module.draft_logits(h_sup, lm_head)  # [M, V_draft]
         ce = F.cross_entropy(logits.float(), loss_labels, reduction="none")  # [M]
         pred_sup = logits.argmax(-1)
     weights = position_weights(cfg, blocks, sup, ce, outside)  # [M]
@@ -115,6 +123,8 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     pred_sup = module.to_target_ids(pred_sup)
     if module.reduced_vocab:
         sums["labels_outside_vocab"] = outside.sum().float()
+    if base_pred is not None:
+        sums["correction_base_correct"] = (base_pred == labels).sum().float()  # the backbone alone, uncorrected
     if isinstance(module, DFlash2DraftModel):
         cand_ids, cand_logits = _candidates(module, h_sup, lm_head, logits, chunk)
         loss, pred_sup = _add_selector_loss(module, cfg, cand_ids, cand_logits, h_sup, blocks.predecessors[sup], labels, weights, loss, pred_sup, sums)

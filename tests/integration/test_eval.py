@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.integration.conftest import REPO, train_tiny
+from tests.integration.renamed_draft import renamed_copy
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
@@ -31,9 +32,12 @@ def evaluated(reduced_vocab_export, tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
     trained = reduced_vocab_export[1]
     # Barely trained, and with a trained mask embedding: serving it here is also that feature's
-    # real-vLLM check (test_mask_embedding_serve checks the loaded vector itself).
-    barely = _export(train_tiny(root / "barely_run", "train.max_steps=2", "data.val=null", "draft.train_mask_embedding=true"),
-                     root / "barely")
+    # real-vLLM check (test_mask_embedding_serve checks the loaded vector itself). Its directory
+    # names it Qwen3DFlashDraftModel, as other training stacks do: served unchanged through
+    # vllm_plugin/, which is that plugin's real-vLLM check.
+    barely_export = _export(train_tiny(root / "barely_run", "train.max_steps=2", "data.val=null",
+                                       "draft.train_mask_embedding=true"), root / "barely_export")
+    barely = renamed_copy(barely_export, root / "barely", "Qwen3DFlashDraftModel")
     questions = root / "questions.jsonl"
     questions.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS))
     # vLLM on CPU cannot verify drafts sampled with a top-k (the eval refuses it): top-p alone here.
@@ -119,3 +123,14 @@ def test_the_mask_embedding_draft_is_loaded_and_served_losslessly(evaluated):
     greedy = [r for r in report["results"] if r["draft"] == "barely" and r["setting"] == "greedy"]
     assert len(greedy) == 4 and all(r["lossless"] and r["num_drafts"] > 0 for r in greedy)
     assert "Loaded DFlash mask embedding for mask_token_id 262" in (out / "logs" / "vllm_barely.log").read_text()
+
+
+def test_a_draft_saved_as_qwen3dflashdraftmodel_is_served_unchanged_through_the_plugin(evaluated):
+    out = evaluated[0]
+    report = json.loads((out / "eval.json").read_text())
+    greedy = [r for r in report["results"] if r["draft"] == "barely" and r["setting"] == "greedy"]
+    assert len(greedy) == 4 and all(r["engine"] == "vllm" and r["lossless"] and r["num_drafts"] > 0 for r in greedy)
+    log = (out / "logs" / "vllm_barely.log").read_text()
+    assert "blockdraft_vllm_plugin: registered Qwen3DFlashDraftModel -> DFlashDraftModel" in log
+    assert "draft architectures ['Qwen3DFlashDraftModel'] read as ['DFlashDraftModel']" in log
+    assert json.loads((out.parent / "barely" / "config.json").read_text())["architectures"] == ["Qwen3DFlashDraftModel"]

@@ -1,0 +1,267 @@
+"""The one-sample fidelity gate: does serving compute what training computed?
+
+    python -m blockdraft.serve.gate target=<HF dir> [out=runs/gate] [prompt="..."] \
+        [draft=<kind>] [draft.<key>=...] [train.<key>=...] [experiment=<recipe>] ...
+
+It takes the target's own greedy reply to one prompt, trains a draft on that single row
+until it has memorised it, exports the draft, and serves it on that prompt (vLLM where it
+can run the draft, the reference engine otherwise, as the smoke-serve check decides). A
+memorised draft is right at every verified position, so the mean acceptance length must
+come close to the block size (min_ratio x block_size). Anything that differs between
+training and serving (layer offsets, positions, masks, names, dtypes) makes it fall far
+short, in minutes and with no data. Every key the gate does not know goes to training.
+
+Exit status: 0 passed, 1 failed (the verdict says why), 2 refused before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from blockdraft.errors import ConfigError
+from blockdraft.serve.gate_response import DATA_NAME, PROMPT_NAME, Sample, make_sample, read_sample
+
+VERDICT_NAME = "gate.json"
+DEFAULT_PROMPT = "Tell me about the moon."
+
+
+@dataclass
+class GateConfig:
+    target: str = ""
+    """The target's local Hugging Face directory."""
+    out: str = "runs/gate"
+    """Where the sample, the run, the export, the serving log and gate.json go."""
+    prompt: str = DEFAULT_PROMPT
+    """The one user message whose reply the draft memorises."""
+    max_tokens: int = 48
+    """Length cap of the target's reply (it stops earlier at end of turn)."""
+    steps: int = 300
+    """Optimizer steps on the one row."""
+    min_ratio: float = 0.9
+    """Pass when mean acceptance length >= min_ratio x block_size."""
+    engine: str = "auto"
+    """auto (vLLM where it can run the draft) | vllm | reference, as in `blockdraft.serve`."""
+    dtype: str = "float32"
+    """Export dtype: float32 for vLLM on CPU; bfloat16 on a GPU."""
+    vllm_python: Optional[str] = None
+    """The serving interpreter; null = <repo>/.venv-serve/bin/python."""
+    overwrite: bool = False
+    """Replace an earlier gate run in `out`."""
+    recheck: bool = False
+    """Serve the export already in `out` again against its sample (after editing it, or another vLLM)."""
+    train_overrides: List[str] = field(default_factory=list)
+
+    def validate(self) -> "GateConfig":
+        if not self.target or not Path(self.target).is_dir():
+            raise ConfigError(f"target={self.target!r} is not a directory; pass the target's local Hugging Face directory.")
+        out = Path(self.out)
+        if self.recheck:
+            return self
+        if out.is_dir() and any(out.iterdir()) and not self.overwrite:
+            raise ConfigError(f"out={self.out} already holds a gate run; pick another out, pass overwrite=true, "
+                              "or recheck=true to serve its export again.")
+        for key in ("max_tokens", "steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}={getattr(self, key)}: set it to 1 or more.")
+        if not 0 < self.min_ratio <= 1:
+            raise ConfigError(f"min_ratio={self.min_ratio}: use a fraction in (0, 1] of the block size.")
+        return self
+
+
+def parse_arguments(argv: List[str]) -> GateConfig:
+    """`key=value` words: the gate's own keys, everything else a training override."""
+    cfg, known = GateConfig(), {f for f in GateConfig.__dataclass_fields__ if f != "train_overrides"}
+    for word in argv:
+        key, sep, value = word.partition("=")
+        if not sep:
+            raise ConfigError(f"{word!r} is not key=value; write e.g. target=<dir> or draft=jetspec.")
+        if key not in known:
+            cfg.train_overrides.append(word)
+            continue
+        kind = type(getattr(GateConfig(), key))
+        if kind is bool:
+            if value.lower() not in ("true", "false"):
+                raise ConfigError(f"{key}={value!r}: use true or false.")
+            value = value.lower() == "true"
+        elif getattr(GateConfig(), key) is not None and kind is not str:
+            try:
+                value = kind(value)
+            except ValueError:
+                raise ConfigError(f"{key}={value!r} is not a {kind.__name__}.") from None
+        setattr(cfg, key, value)
+    return cfg.validate()
+
+
+def training_config(cfg: GateConfig, out: Path, reply_length: int):
+    """The training app's config for the one row: the gate's defaults, the user's overrides, then
+    what the gate must fix (its one row, never a recipe's regenerated data, no validation, its run
+    directory, this target)."""
+    from blockdraft.config import compose, register_schema
+    from blockdraft.train.config import TrainAppConfig
+
+    register_schema("train_schema", TrainAppConfig)
+    anchors = max(1, reply_length)  # every position of the reply anchors a block
+    # Memorising is fastest on the hard labels: a recipe's KL (JetSpec's) against a target whose
+    # next-token distribution is flat would take many more steps to fix each argmax, and the
+    # loss is not what the gate checks. An override on the command line still wins.
+    defaults = [f"train.max_steps={cfg.steps}", "train.micro_batch_size=1", "train.grad_accum=1",
+                "train.ce_weight=1.0", "train.kl_weight=0.0",
+                f"train.num_anchors={anchors}", f"train.log_every={max(1, cfg.steps // 10)}", f"train.save_every={cfg.steps}"]
+    forced = [f"data.train={out / DATA_NAME}", "data.val=null", "data.features=null", "prepare.regenerate_builtin=null",
+              f"run_dir={out / 'run'}",
+              f"target.path={Path(cfg.target).resolve()}", "target.tiny=null", "overwrite=true"]
+    from hydra.errors import HydraException
+
+    try:
+        return compose("train", [*defaults, *cfg.train_overrides, *forced])
+    except HydraException as err:
+        raise ConfigError(f"a training override of {cfg.train_overrides} is not valid: {err}".replace("\n", " ")) from None
+
+
+def run_gate(cfg: GateConfig) -> dict:
+    out = Path(cfg.out).absolute()
+    if not cfg.recheck:
+        training_config(cfg, out, 1)  # a typo in an override is refused before any model loads
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        say(f"target's greedy reply to {cfg.prompt!r} ...")
+        sample = make_sample(cfg.prompt, Path(cfg.target), cfg.max_tokens, out)
+        say(f"{len(sample.reply_ids)} reply tokens after {len(sample.prompt_ids)} prompt tokens; training {cfg.steps} steps on them")
+        train_and_export(cfg, out, sample)
+    sample = read_sample(out)
+    return judge(cfg, out, sample, serve(cfg, out, sample))
+
+
+def train_and_export(cfg: GateConfig, out: Path, sample: Sample) -> None:
+    from blockdraft.export.writer import export_draft
+    from blockdraft.train.loop import run_training
+
+    run = run_training(training_config(cfg, out, len(sample.reply_ids)))
+    say(f"exporting {run} ({cfg.dtype})")
+    export_draft(run, out / "export", dtype=cfg.dtype, target_dir=cfg.target)
+
+
+@dataclass
+class Served:
+    engine: str
+    tokens: List[int]
+    num_drafts: float
+    num_accepted: float
+    accepted_per_position: List[float]
+    block_size: int
+    kind: str
+    warnings: List[str]
+
+
+def serve(cfg: GateConfig, out: Path, sample: Sample) -> Served:
+    from blockdraft.serve.config import ServeConfig
+    from blockdraft.serve.preflight import plan_serving
+
+    serve_cfg = ServeConfig(draft_dir=str(out / "export"), target_dir=cfg.target, prompts=str(out / PROMPT_NAME),
+                            num_prompts=1, max_tokens=max(1, len(sample.reply_ids)), rounds=1, out=str(out / "serve"),
+                            overwrite=True, engine=cfg.engine, vllm_python=cfg.vllm_python,
+                            max_model_len=len(sample.prompt_ids) + len(sample.reply_ids) + 64)
+    plan = plan_serving(serve_cfg)
+    for warning in plan.warnings:
+        say(f"warning: {warning}")
+    facts = dict(block_size=plan.draft.block_size, kind=plan.draft.kind, warnings=list(plan.warnings))
+    if plan.engine == "reference":
+        return _serve_reference(plan, sample, facts)
+    return _serve_vllm(serve_cfg, plan, sample, facts)
+
+
+def _serve_vllm(serve_cfg, plan, sample: Sample, facts: dict) -> Served:
+    from blockdraft.serve.harness import serve_and_generate, speculative_config
+    from blockdraft.serve.prompts import EncodedPrompt
+    from blockdraft.serve.report import Round, RunRecord
+
+    Path(serve_cfg.out).mkdir(parents=True, exist_ok=True)
+    record = RunRecord(engine="vllm", planned_rounds=1, rounds=[Round(order=("draft",))])
+    prompt = EncodedPrompt(index=0, source="gate prompt", token_ids=sample.prompt_ids)
+    completions = serve_and_generate(serve_cfg, plan, [prompt], record, "draft", speculative_config(serve_cfg, plan), 1)
+    m = record.rounds[0].metrics
+    return Served("vllm", completions[0].token_ids, m.num_drafts, m.num_accepted_tokens, list(m.accepted_per_position), **facts)
+
+
+def _serve_reference(plan, sample: Sample, facts: dict) -> Served:
+    from blockdraft.serve.reference_check import load_engine
+
+    engine = load_engine(plan, ignore_eos=False)
+    result = engine.generate(sample.prompt_ids, max(1, len(sample.reply_ids)))
+    stats = result.stats
+    return Served("reference", result.tokens, stats.num_drafts, stats.num_accepted,
+                  [float(n) for n in stats.accepted_per_position()], **facts)
+
+
+def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served) -> dict:
+    from blockdraft.train.logger import read_metrics
+
+    acceptance = 1.0 + served.num_accepted / served.num_drafts if served.num_drafts else 0.0
+    floor = cfg.min_ratio * served.block_size
+    train_rows = [r for r in read_metrics(out / "run") if "accept_len" in r]
+    failures = []
+    if served.tokens != sample.reply_ids:
+        at = next((i for i, (a, b) in enumerate(zip(served.tokens, sample.reply_ids)) if a != b),
+                  min(len(served.tokens), len(sample.reply_ids)))
+        failures.append(f"served output differs from the target's reply at token {at}: not lossless, or the serving "
+                        "target computes other logits than the training one")
+    if served.num_drafts == 0:
+        failures.append("no draft was proposed: the draft was not used")
+    elif acceptance < floor:
+        failures.append(f"mean acceptance length {acceptance:.2f} < {cfg.min_ratio} x block_size {served.block_size} = {floor:.2f}: "
+                        "serving does not compute what training learned (check target_layer_ids, positions, masks, names, dtypes)")
+    verdict = {
+        "passed": not failures,
+        "failures": failures,
+        "kind": served.kind,
+        "engine": served.engine,
+        "block_size": served.block_size,
+        "mean_acceptance_length": acceptance,
+        "min_acceptance_length": floor,
+        "acceptance_per_position": [n / served.num_drafts for n in served.accepted_per_position] if served.num_drafts else [],
+        "num_drafts": served.num_drafts,
+        "reply_tokens": len(sample.reply_ids),
+        "train_accept_len": train_rows[-1]["accept_len"] if train_rows else None,
+        "warnings": served.warnings,
+    }
+    (out / VERDICT_NAME).write_text(json.dumps(verdict, indent=2) + "\n")
+    return verdict
+
+
+def say(message: str) -> None:
+    print(f"[gate] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: List[str]) -> int:
+    from blockdraft.serve.cli import USER_ERRORS
+
+    try:
+        cfg = parse_arguments(argv)
+        verdict = run_gate(cfg)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; every server started was stopped", file=sys.stderr)
+        return 130
+    print(json.dumps({k: verdict[k] for k in ("passed", "kind", "engine", "mean_acceptance_length", "min_acceptance_length",
+                                              "block_size", "train_accept_len")}))
+    for failure in verdict["failures"]:
+        say(f"FAILED: {failure}")
+    say(f"{'PASSED' if verdict['passed'] else 'FAILED'}: {Path(cfg.out) / VERDICT_NAME}")
+    return 0 if verdict["passed"] else 1
+
+
+if __name__ == "__main__":
+    import signal
+
+    from blockdraft.serve import cli
+
+    signal.signal(signal.SIGTERM, cli.terminate_as_interrupt)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""The one-sample fidelity gate on the tiny target: DFlash, JetSpec and a reduced-vocabulary DFlash
+draft memorise the target's reply and vLLM on CPU accepts nearly every drafted token; an export
+with its target_layer_ids shifted by one fails it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from blockdraft.serve import gate
+from tests.integration.conftest import REDUCED_VOCAB, REPO
+
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
+pytestmark = [
+    pytest.mark.serve,
+    pytest.mark.skipif(not SERVE_PYTHON.exists(), reason="no vLLM serving environment: run `make setup-serve`"),
+]
+STEPS = 150  # the tiny draft has memorised its 48-token reply by then (all slots right at ~120)
+KINDS = {
+    "dflash": [],
+    "jetspec": ["draft=jetspec"],
+    "reduced_vocab": [f"draft.draft_vocab_size={REDUCED_VOCAB}"],
+}
+
+
+def run_gate(out, *extra):
+    return gate.main([f"target={TARGET}", f"out={out}", "experiment=tiny_cpu", "train.progress=false", f"steps={STEPS}", *extra])
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gate")
+    codes = {kind: run_gate(root / kind, *overrides) for kind, overrides in KINDS.items()}
+    return root, codes
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_gate_passes_through_vllm(gated, kind):
+    root, codes = gated
+    verdict = json.loads((root / kind / "gate.json").read_text())
+    assert codes[kind] == 0, verdict["failures"]
+    assert verdict["passed"] and verdict["engine"] == "vllm" and verdict["block_size"] == 4
+    assert verdict["mean_acceptance_length"] >= 0.9 * 4 and verdict["num_drafts"] > 0
+    print(f"{kind}: gate acceptance {verdict['mean_acceptance_length']:.2f}, per position {verdict['acceptance_per_position']}")
+    config = json.loads((root / kind / "export" / "config.json").read_text())
+    assert config["is_causal"] is (kind == "jetspec")
+    assert ("draft_vocab_size" in config) is (kind == "reduced_vocab")
+    # Served by vLLM on the prompt whose reply the draft memorised: the output is the target's own.
+    response = json.loads((root / kind / "response.json").read_text())
+    assert len(response["reply_ids"]) > 16 and not verdict["failures"]
+
+
+def test_an_export_with_shifted_target_layers_fails_the_gate(gated, tmp_path):
+    out = tmp_path / "broken"
+    shutil.copytree(gated[0] / "dflash", out)
+    config_path = out / "export" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
+    config_path.write_text(json.dumps(config))
+    (out / "export" / "checksums.json").unlink()  # edited on purpose
+    # The reference engine reads the same config.json vLLM reads, at no server start.
+    proc = subprocess.run([sys.executable, "-m", "blockdraft.serve.gate", f"target={TARGET}", f"out={out}", "recheck=true",
+                           "engine=reference"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    verdict = json.loads((out / "gate.json").read_text())
+    assert not verdict["passed"] and verdict["mean_acceptance_length"] < 0.9 * 4
+    assert "serving does not compute what training learned" in proc.stderr
+
+
+def test_a_typo_in_a_training_override_is_refused_before_any_work(tmp_path):
+    assert run_gate(tmp_path / "typo", "train.max_stepz=3") == 2
+    assert not (tmp_path / "typo").exists()

@@ -25,6 +25,9 @@ def mask_export(fp32_store, tmp_path_factory):
     return export
 
 
+# Slow (make test-slow): in make test the eval serves a mask-embedding draft losslessly and checks
+# vLLM's load line for it.
+@pytest.mark.slow
 def test_trained_mask_embedding_fills_vllm_s_parameter_exactly(mask_export):
     from tests.integration.test_vllm_weight_load import check_weights
 

@@ -10,7 +10,11 @@ import pytest
 from tests.integration.conftest import REPO
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+# Slow (make test-slow): make test covers the same path in pieces, each in real vLLM: training, export
+# and serving (the gate, test_gate.py), baseline against draft, lossless and active (the eval), and
+# the harness's rounds, report and verdict against a stand-in server (test_serve_harness.py).
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.serve,
     pytest.mark.skipif(not SERVE_PYTHON.exists(), reason="no vLLM serving environment: run `make setup-serve`"),
 ]

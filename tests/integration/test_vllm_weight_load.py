@@ -44,6 +44,7 @@ def test_export_loads_in_vllm_with_every_weight(export):
     assert "0 missing, 0 unexpected" in proc.stdout
 
 
+@pytest.mark.slow  # the checker's negative path (make test-slow); make test runs its positive path
 def test_a_tensor_missing_from_the_export_is_reported(export, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(export, broken)

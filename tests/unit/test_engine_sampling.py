@@ -13,7 +13,7 @@ from tests.conftest import make_draft
 
 VOCAB = 6
 PROMPT = [1, 2, 3]
-N_DECODES = 1500
+N_DECODES = 1000  # the negative control below shows a sampler 2% off still fails at this size
 
 
 def _exact_pair_distribution(hf, params):

@@ -22,6 +22,7 @@ def _script(name):
     return module
 
 
+@pytest.mark.slow  # runs every GPU-check step's CPU dry run (make test-slow); the pieces are tested below
 def test_dry_run_finds_every_step_ready():
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=REPO, env=env,

@@ -8,6 +8,7 @@ The answer is one JSON line after a marker, because vLLM logs to stdout as it im
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -54,7 +55,22 @@ def probe_vllm(python: str | Path, architecture: str, timeout_s: float = PROBE_T
 
 
 def probe_architectures(python: str | Path, architectures: List[str], timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """{architecture: VllmInfo} from one start of the serving interpreter (vLLM imports once)."""
+    """{architecture: VllmInfo} from one start of the serving interpreter (vLLM imports once).
+
+    Answers are kept for this process: an eval of several drafts, or a gate run after a
+    training run, asks the same interpreter the same question again, and each start costs
+    seconds of importing vLLM. The key holds every VLLM_* variable, which change the answer.
+    """
+    key = (str(python), tuple(architectures), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_"))))
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _ask(python, architectures, timeout_s)
+    return dict(_ANSWERS[key])
+
+
+_ANSWERS: dict = {}
+
+
+def _ask(python: str | Path, architectures: List[str], timeout_s: float) -> dict:
     # -I: the script's folder (this package) must not shadow modules vLLM imports.
     cmd = [str(python), "-I", str(Path(__file__).resolve()), *architectures]
     try:
@@ -74,8 +90,6 @@ def probe_architectures(python: str | Path, architectures: List[str], timeout_s:
 
 # --- below runs inside the serving interpreter ----------------------------------------
 def main(architectures: List[str]) -> None:
-    import os
-
     import vllm
     from vllm.model_executor.models import ModelRegistry
     from vllm.platforms import current_platform

@@ -53,6 +53,9 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step_20" / "model.safetensors").exists()
 
 
+# Slow (make test-slow): make test's fault suite SIGKILLs training at its fault points and compares the
+# resumed run with an uninterrupted one (tests/faults/test_kills.py).
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(tmp_path):
     args = ["train.max_steps=300", "train.save_every=20", "train.log_every=20", "train.keep_last=20"]
     killed = tmp_path / "killed"

@@ -30,6 +30,7 @@ def test_two_rank_ddp_equals_one_rank_grad_accumulation(tmp_path):
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # make test-slow; make test runs two-rank DDP and resume from a store under DDP
 def test_resume_onto_another_world_size_continues(tmp_path):
     args = ["train.max_steps=6", "train.micro_batch_size=2", "train.save_every=3", "train.keep_last=5"]
     two = _run(tmp_path, "two", 2, *args, "train.grad_accum=1")

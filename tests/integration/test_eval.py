@@ -1,5 +1,5 @@
-"""`python -m blockdraft.eval` end to end on the tiny target, in real vLLM: two drafts, two
-datasets, greedy and sampled, concurrency 1 and 2; then a rerun that finds every cell done."""
+"""`python -m blockdraft.eval` end to end on the tiny target, in real vLLM: two drafts, a
+JSONL dataset, greedy and sampled, concurrency 1 and 2; then a rerun that finds every cell done."""
 
 import json
 import subprocess
@@ -42,7 +42,7 @@ def evaluated(reduced_vocab_export, tmp_path_factory):
     questions.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS))
     # vLLM on CPU cannot verify drafts sampled with a top-k (the eval refuses it): top-p alone here.
     argv = [sys.executable, "-m", "blockdraft.eval", f"target={TARGET}", f"drafts=[{trained},{barely}]",
-            f"datasets=[tiny,{questions}]", "settings=[greedy,sampled]", "sampling.sampled.top_k=0", "concurrency=[1,2]", "num_prompts=4",
+            f"datasets=[{questions}]", "settings=[greedy,sampled]", "sampling.sampled.top_k=0", "concurrency=[1,2]", "num_prompts=4",
             "max_tokens=32", "max_model_len=512", "kv_cache_gib=1", f"out={root / 'out'}"]
     first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
@@ -54,7 +54,7 @@ def evaluated(reduced_vocab_export, tmp_path_factory):
 def test_eval_writes_every_cell_table_and_plot(evaluated):
     out, first, _, _ = evaluated
     report = json.loads((out / "eval.json").read_text())
-    assert report["complete"] and len(report["results"]) == 2 * 2 * 2 * 2
+    assert report["complete"] and len(report["results"]) == 2 * 2 * 2  # drafts x settings x concurrencies
     assert set(report["drafts"]) == {"reduced_vocab", "barely"}
     for r in report["results"]:
         assert r["engine"] == "vllm" and r["prompts"] == 4 and r["speedup"] > 0
@@ -66,7 +66,7 @@ def test_eval_writes_every_cell_table_and_plot(evaluated):
     table = (out / "eval.md").read_text()
     assert "| reduced_vocab | barely |" in table and "rejection sampling" in table
     assert table in first.stdout
-    for name in ("acceptance_tiny.png", "acceptance_questions.png", "speedup.png"):
+    for name in ("acceptance_questions.png", "speedup.png"):
         assert (out / name).stat().st_size > 1000
     assert report["drafts"]["reduced_vocab"]["training"]["accept_len"] > 1.0  # read from the export's model card
     assert report["drafts"]["barely"]["training"] is None  # trained without validation
@@ -121,7 +121,7 @@ def test_the_mask_embedding_draft_is_loaded_and_served_losslessly(evaluated):
     out = evaluated[0]
     report = json.loads((out / "eval.json").read_text())
     greedy = [r for r in report["results"] if r["draft"] == "barely" and r["setting"] == "greedy"]
-    assert len(greedy) == 4 and all(r["lossless"] and r["num_drafts"] > 0 for r in greedy)
+    assert len(greedy) == 2 and all(r["lossless"] and r["num_drafts"] > 0 for r in greedy)
     assert "Loaded DFlash mask embedding for mask_token_id 262" in (out / "logs" / "vllm_barely.log").read_text()
 
 
@@ -129,7 +129,7 @@ def test_a_draft_saved_as_qwen3dflashdraftmodel_is_served_unchanged_through_the_
     out = evaluated[0]
     report = json.loads((out / "eval.json").read_text())
     greedy = [r for r in report["results"] if r["draft"] == "barely" and r["setting"] == "greedy"]
-    assert len(greedy) == 4 and all(r["engine"] == "vllm" and r["lossless"] and r["num_drafts"] > 0 for r in greedy)
+    assert len(greedy) == 2 and all(r["engine"] == "vllm" and r["lossless"] and r["num_drafts"] > 0 for r in greedy)
     log = (out / "logs" / "vllm_barely.log").read_text()
     assert "blockdraft_vllm_plugin: registered Qwen3DFlashDraftModel -> DFlashDraftModel" in log
     assert "draft architectures ['Qwen3DFlashDraftModel'] read as ['DFlashDraftModel']" in log

@@ -105,6 +105,9 @@ def served_target(tmp_path_factory):
     return save_tiny_target(tmp_path_factory.mktemp("serve") / "target", hidden_size=128)
 
 
+# Slow (make test-slow): make test checks the log tail of a vLLM that dies on a stand-in server
+# (tests/faults/test_serving_faults.py).
+@pytest.mark.slow
 @pytest.mark.serve
 @needs_vllm
 def test_vllm_with_a_bad_target_path_ends_with_its_log_tail(tmp_path):

@@ -21,6 +21,9 @@ def _wait_for(predicate, proc, seconds=240):
         time.sleep(0.02)
 
 
+# Slow (make test-slow): make test's fault suite sends SIGTERM at a fault point, checks the checkpoint and
+# the exit status 143, and resumes to the uninterrupted run's result (tests/faults/test_kills.py).
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_resume_continues(tmp_path):
     run = tmp_path / "run"
     proc = _launch(["train.max_steps=100000", "train.log_every=5", "data.val=null"], run)

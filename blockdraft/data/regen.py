@@ -232,14 +232,15 @@ def transformers_reply(model, tokenizer, max_tokens: int, max_prompt_tokens: int
             do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
             top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id,
         )[0, ids.shape[1]:]
-        ended = bool(len(gen)) and int(gen[-1]) in _eos_ids(model, tokenizer)
+        ended = bool(len(gen)) and int(gen[-1]) in eos_ids(model, tokenizer)
         text = tokenizer.decode(gen, skip_special_tokens=True)
         return Reply(text, len(gen), "stop" if ended or len(gen) < max_tokens else "length")
 
     return reply
 
 
-def _eos_ids(model, tokenizer) -> set:
+def eos_ids(model, tokenizer) -> set:
+    """The ids that end a reply: the generation config's, else the tokenizer's."""
     ids = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
     return set(ids) if isinstance(ids, (list, tuple)) else {ids}
 

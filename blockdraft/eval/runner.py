@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 from blockdraft.eval.cells import BASELINE, Cell, CellKey, CellStore, directory_fingerprint, identity
 from blockdraft.eval.config import EvalAppConfig, check_cpu_sampling, draft_label
 from blockdraft.serve.client import RequestError, complete, complete_concurrently, read_spec_metrics
-from blockdraft.serve.harness import WARM_UP_TOKENS, server_arguments
+from blockdraft.serve.harness import WARM_UP_TOKENS, server_arguments, speculative_config
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.vllm_runtime.probe import probe_vllm
@@ -143,9 +143,7 @@ class Evaluation:
         model = str(Path(cfg.target_dir).resolve())
         speculative = None
         if server != BASELINE:
-            plan = self.plans[server][1]
-            speculative = {"method": "dflash", "model": str(plan.draft.directory.resolve()),
-                           "num_speculative_tokens": plan.num_speculative_tokens}
+            speculative = speculative_config(self.plans[server][1])
         serving = cfg.serve_config(cfg.drafts[0])  # the server settings, the same for every draft
         args, env = server_arguments(serving, self.first_plan.device)
         log_path = self.out / "logs" / f"vllm_{server}.log"

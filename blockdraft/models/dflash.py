@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from blockdraft.models.draft_config import DraftModelConfig
-from blockdraft.models.layers import MLP, BlockAttention, RMSNorm, RotaryEmbedding
+from blockdraft.models.layers import MLP, BlockAttention, RMSNorm, RotaryEmbedding, single_block_mask
 
 KV = Tuple[torch.Tensor, torch.Tensor]
 
@@ -117,7 +117,10 @@ class DFlashDraftModel(nn.Module):
         """
         block_len = block_len or block_embeds.shape[1]
         if attn_mask is None and self.config.is_causal:
-            attn_mask = causal_single_block(block_embeds.shape[1], ctx_kv[0][0].shape[2], block_embeds.device)
+            # The context precedes the block: index order is position order for the causal rule.
+            context_len, device = ctx_kv[0][0].shape[2], block_embeds.device
+            key_order = torch.arange(context_len + block_embeds.shape[1], device=device)[None]
+            attn_mask = single_block_mask(key_order[:, context_len:], key_order, None, causal=True)
         cos, sin = self.rotary(block_position_ids, block_embeds.dtype)
         h = block_embeds
         for layer, kv in zip(self.layers, ctx_kv):
@@ -181,10 +184,3 @@ class DFlashDraftModel(nn.Module):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
-
-
-def causal_single_block(block_len: int, context_len: int, device) -> torch.Tensor:
-    """[1, 1, T, Tc+T] bool: all of the context, and block slots 0..k for slot k."""
-    block = torch.ones(block_len, block_len, dtype=torch.bool, device=device).tril()
-    context = torch.ones(block_len, context_len, dtype=torch.bool, device=device)
-    return torch.cat([context, block], dim=1)[None, None]

@@ -75,7 +75,8 @@ class GateConfig:
 
 def parse_arguments(argv: List[str]) -> GateConfig:
     """`key=value` words: the gate's own keys, everything else a training override."""
-    cfg, known = GateConfig(), {f for f in GateConfig.__dataclass_fields__ if f != "train_overrides"}
+    cfg, defaults = GateConfig(), GateConfig()
+    known = {f for f in GateConfig.__dataclass_fields__ if f != "train_overrides"}
     for word in argv:
         key, sep, value = word.partition("=")
         if not sep:
@@ -83,12 +84,12 @@ def parse_arguments(argv: List[str]) -> GateConfig:
         if key not in known:
             cfg.train_overrides.append(word)
             continue
-        kind = type(getattr(GateConfig(), key))
+        kind = type(getattr(defaults, key))
         if kind is bool:
             if value.lower() not in ("true", "false"):
                 raise ConfigError(f"{key}={value!r}: use true or false.")
             value = value.lower() == "true"
-        elif getattr(GateConfig(), key) is not None and kind is not str:
+        elif getattr(defaults, key) is not None and kind is not str:
             try:
                 value = kind(value)
             except ValueError:
@@ -184,7 +185,7 @@ def _serve_vllm(serve_cfg, plan, sample: Sample, facts: dict) -> Served:
     Path(serve_cfg.out).mkdir(parents=True, exist_ok=True)
     record = RunRecord(engine="vllm", planned_rounds=1, rounds=[Round(order=("draft",))])
     prompt = EncodedPrompt(index=0, source="gate prompt", token_ids=sample.prompt_ids)
-    completions = serve_and_generate(serve_cfg, plan, [prompt], record, "draft", speculative_config(serve_cfg, plan), 1)
+    completions = serve_and_generate(serve_cfg, plan, [prompt], record, "draft", speculative_config(plan), 1)
     m = record.rounds[0].metrics
     return Served("vllm", completions[0].token_ids, m.num_drafts, m.num_accepted_tokens, list(m.accepted_per_position), **facts)
 
@@ -200,15 +201,15 @@ def _serve_reference(plan, sample: Sample, facts: dict) -> Served:
 
 
 def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served) -> dict:
+    from blockdraft.serve.verdict import first_difference
     from blockdraft.train.logger import read_metrics
 
     acceptance = 1.0 + served.num_accepted / served.num_drafts if served.num_drafts else 0.0
     floor = cfg.min_ratio * served.block_size
     train_rows = [r for r in read_metrics(out / "run") if "accept_len" in r]
     failures = []
-    if served.tokens != sample.reply_ids:
-        at = next((i for i, (a, b) in enumerate(zip(served.tokens, sample.reply_ids)) if a != b),
-                  min(len(served.tokens), len(sample.reply_ids)))
+    at = first_difference(served.tokens, sample.reply_ids)
+    if at is not None:
         failures.append(f"served output differs from the target's reply at token {at}: not lossless, or the serving "
                         "target computes other logits than the training one")
     if served.num_drafts == 0:

@@ -18,6 +18,7 @@ import torch
 from blockdraft.data.tokenize import RowRejected, tokenize_row
 from blockdraft.errors import ConfigError
 from blockdraft.serve.prompts import encode_prompts, iter_prompts
+from blockdraft.serve.verdict import first_difference
 
 RESPONSE_NAME = "response.json"
 DATA_NAME = "data.jsonl"
@@ -39,6 +40,7 @@ def make_sample(prompt: str, target_dir: Path, max_tokens: int, out: Path) -> Sa
     """Generate the target's greedy reply and write response.json, data.jsonl and prompt.jsonl in `out`."""
     from transformers import AutoTokenizer
 
+    from blockdraft.data.regen import eos_ids
     from blockdraft.models.target import load_causal_lm
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
@@ -70,11 +72,6 @@ def greedy_reply(model, prompt_ids: List[int], max_tokens: int, eos: set) -> Lis
     return generated if end is None else generated[: end + 1]
 
 
-def eos_ids(model, tokenizer) -> set:
-    ids = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-    return set(ids) if isinstance(ids, (list, tuple)) else {ids}
-
-
 def check_round_trip(sample: Sample, tokenizer) -> None:
     """The training row must tokenise to the prompt ids followed by the reply ids, or the draft
     memorises tokens serving never shows it (a mismatch of the sample, not of the draft)."""
@@ -82,12 +79,8 @@ def check_round_trip(sample: Sample, tokenizer) -> None:
     want = sample.prompt_ids + sample.reply_ids
     got = [] if isinstance(row, RowRejected) else row.input_ids[: len(want)]
     if got != want:
-        detail = row.detail if isinstance(row, RowRejected) else f"they differ from token {_first_difference(got, want)}"
+        detail = row.detail if isinstance(row, RowRejected) else f"they differ from token {first_difference(got, want)}"
         raise ConfigError(
             f"the target's reply to prompt={sample.prompt!r} does not round-trip through its tokenizer and chat "
             f"template ({detail}), so it cannot be the gate's training row; pick another prompt= or fewer max_tokens=."
         )
-
-
-def _first_difference(a: List[int], b: List[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -116,17 +116,17 @@ def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
 
 
 # --- the vLLM runs ---------------------------------------------------------------------
-def speculative_config(cfg: ServeConfig, plan: Plan) -> dict:
-    """vLLM's --speculative-config for the draft (every DFlash kind vLLM runs is method dflash)."""
+def speculative_config(plan: Plan) -> dict:
+    """vLLM's --speculative-config for the planned draft (every DFlash kind vLLM runs is method dflash)."""
     return {
         "method": "dflash",
-        "model": str(Path(cfg.draft_dir).resolve()),
+        "model": str(plan.draft.directory.resolve()),
         "num_speculative_tokens": plan.num_speculative_tokens,
     }
 
 
 def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record: RunRecord) -> None:
-    speculative = speculative_config(cfg, plan)
+    speculative = speculative_config(plan)
     for number in range(1, record.planned_rounds + 1):
         round_ = Round(order=PHASES if number % 2 else PHASES[::-1])
         record.rounds.append(round_)

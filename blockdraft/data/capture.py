@@ -53,6 +53,12 @@ def check_capture_config(cfg: CaptureAppConfig) -> None:
     if cfg.data.features:
         raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
     check_target_path(cfg.target)
+    if cfg.train.kl_weight > 0 and not cfg.train.teacher_top_k:
+        raise ConfigError(
+            f"train.teacher_top_k={cfg.train.teacher_top_k} asks for the target's full distribution, which a feature "
+            "store does not keep (it would be a [tokens, vocab] table per row); capture with train.teacher_top_k=32, "
+            "or train online (no store) for the full distribution."
+        )
     if cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)
 

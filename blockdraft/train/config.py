@@ -32,14 +32,19 @@ class LoopConfig:
     """Per-slot loss weights: decay (exp(-(k-1)/gamma)) | dpace (from the draft's own confidence, see losses.dpace_weights)."""
     gamma: Optional[float] = 7.0
     """decay: slot decay exp(-(k-1)/gamma); null = uniform."""
+    loss_normalization: Optional[str] = None
+    """What a micro-batch's weighted loss sum is divided by: weights (sum of the position weights) | blocks
+    (blocks with a supervised slot) | tokens (supervised slots); null = the weighting's own default
+    (decay: weights; dpace: blocks, measured in docs/benchmarks.md)."""
     dpace_alpha: float = 0.5
     """dpace: smoothing of each slot's confidence, alpha + (1 - alpha) p (0.5 is the paper's default)."""
     ce_weight: float = 1.0
     """Weight of the block CE against the hard labels (the data's next tokens)."""
     kl_weight: float = 0.0
     """Weight of the forward KL against the target's own next-token distribution (0 = off)."""
-    teacher_top_k: int = 32
-    """The target's distribution is truncated to its k most likely tokens and renormalised."""
+    teacher_top_k: Optional[int] = 32
+    """The target's distribution is truncated to its k most likely tokens and renormalised; null or 0 = the
+    full distribution (online only: a feature store keeps a top-k), computed in loss_chunk_size chunks."""
     kl_temperature: float = 1.0
     """Temperature of both distributions in the KL (the KL is scaled by T^2)."""
     prefix_weight_base: float = 0.5
@@ -65,6 +70,8 @@ class LoopConfig:
     """Checkpoints kept; older ones are deleted after a successful save."""
     progress: bool = True
     """Progress bar on rank 0."""
+    max_nonfinite_steps: int = 3
+    """A step whose loss or gradient norm is not finite is skipped (nothing changes); this many in a row stop the run."""
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Losses of the block drafters, as pure functions.
 
 The caller gathers the supervised slots (`label_mask`) into M rows. The `*_rows`
-functions give one value per row; the others are weighted means over the rows,
-sum(w * loss) / sum(w), exactly 0, still on the inputs' autograd graph (so every rank
-runs the same backward), when nothing is supervised. The position weights (the slot
-decay, D-PACE) are here too.
+functions give one value per row; `normalized_loss` turns them into the scalar, sum(w * loss)
+over a denominator the recipe picks (`LOSS_NORMALIZATIONS`), exactly 0, still on the inputs'
+autograd graph (so every rank runs the same backward), when nothing is supervised. The
+position weights (the slot decay, D-PACE) are here too.
 """
 
 from __future__ import annotations
@@ -40,6 +40,41 @@ def weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
     total = weights.sum()
     # A safe denominator instead of a where() over a division: the unused branch of
     # where() would still send 0 * inf = NaN gradients back.
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    return (weights * values).sum() / safe_total
+
+
+# --- normalisation -------------------------------------------------------------------------
+# What the weighted sum of a micro-batch's slot losses is divided by:
+#   weights  sum(w): every block's weights sum to one unit of credit (a mean under the weights);
+#   blocks   the blocks with a supervised slot: a confident block, whose D-PACE weights are large,
+#            counts for more than an unsure one (SpecForge's and speculators' D-PACE);
+#   tokens   the supervised slots (a per-token mean, as a plain CE).
+LOSS_NORMALIZATIONS = ("weights", "blocks", "tokens")
+
+
+def check_loss_normalization(name: str) -> None:
+    if name not in LOSS_NORMALIZATIONS:
+        raise ConfigError(f"train.loss_normalization={name!r}; use one of {list(LOSS_NORMALIZATIONS)}, "
+                          "or null for the position weighting's own default.")
+
+
+def normalized_loss(values: Tensor, weights: Tensor, block_ids: Tensor, mode: str) -> Tensor:
+    """sum(w * v) / the denominator `mode` names, over rows with w > 0 counted as supervised.
+
+    values, weights [M]; block_ids [M] long: the block each row belongs to (any ids; only which
+    rows share one matters). A row left out of a loss (a label outside a reduced vocabulary, a
+    slot without a teacher) carries weight 0 and so counts in no denominator. 0, still on
+    `values`' graph, when nothing counts."""
+    check_loss_normalization(mode)
+    weights = weights.float()
+    if mode == "weights":
+        return weighted_mean(values, weights)
+    counted = weights > 0
+    if mode == "tokens":
+        total = counted.sum().float()
+    else:
+        total = torch.unique(block_ids[counted]).numel() * torch.ones((), device=values.device)
     safe_total = torch.where(total > 0, total, torch.ones_like(total))
     return (weights * values).sum() / safe_total
 
@@ -82,10 +117,19 @@ def teacher_log_probs(teacher_logits: Tensor, usable: Tensor, temperature: float
     """The target's top-k distribution, renormalised over the usable candidates.
 
     teacher_logits [M, k], usable [M, k] bool (False: a candidate the draft cannot emit, e.g.
-    outside a reduced vocabulary) -> log q [M, k], -inf where unusable (rows with no usable
-    candidate are all -inf)."""
+    outside a reduced vocabulary) -> log q [M, k], -inf where unusable. A row with no usable
+    candidate carries no signal: it is all -inf too (never NaN, which its backward would spread
+    to every weight), and `forward_kl_rows` gives it 0; callers leave it out (`has_teacher`)."""
     scaled = teacher_logits.float() / temperature
-    return torch.log_softmax(scaled.masked_fill(~usable, float("-inf")), dim=-1)
+    has = has_teacher(usable).unsqueeze(-1)
+    # A softmax over nothing is NaN: such rows are normalised over all k, then masked out again.
+    logq = torch.log_softmax(torch.where(has, scaled.masked_fill(~usable, float("-inf")), scaled), dim=-1)
+    return logq.masked_fill(~usable, float("-inf"))
+
+
+def has_teacher(usable: Tensor) -> Tensor:
+    """[M, k] bool -> [M] bool: rows with at least one candidate the draft can emit."""
+    return usable.any(dim=-1)
 
 
 def forward_kl_rows(draft_logits: Tensor, teacher_ids: Tensor, teacher_logq: Tensor, temperature: float) -> Tensor:
@@ -97,8 +141,9 @@ def forward_kl_rows(draft_logits: Tensor, teacher_ids: Tensor, teacher_logq: Ten
     Hinton et al.); rows with no usable candidate give 0."""
     logp = torch.log_softmax(draft_logits.float() / temperature, dim=-1).gather(-1, teacher_ids)  # [M, k]
     q = teacher_logq.exp()
-    terms = torch.where(q > 0, q * (teacher_logq - logp), torch.zeros_like(q))
-    return terms.sum(-1) * temperature**2
+    # 0 * log 0 = 0: the finite stand-in keeps every product finite, forward and backward.
+    logq = torch.where(q > 0, teacher_logq, torch.zeros_like(teacher_logq))
+    return (q * (logq - logp)).sum(-1) * temperature**2
 
 
 def _chunk_kl(hidden, lm_head_weight, teacher_ids, teacher_logq, temperature, logit_transform):
@@ -118,6 +163,37 @@ def chunked_forward_kl_rows(
     return torch.cat([
         checkpoint(_chunk_kl, h, lm_head_weight, i, q, temperature, logit_transform, use_reentrant=False)
         for h, i, q in zip(hidden.split(chunk_size), teacher_ids.split(chunk_size), teacher_logq.split(chunk_size))
+    ])
+
+
+def _chunk_full_kl(hidden, lm_head_weight, teacher_hidden, teacher_head, temperature, logit_transform):
+    logits = hidden @ lm_head_weight.t()
+    if logit_transform is not None:
+        logits = logit_transform(logits)
+    with torch.no_grad():
+        logq = torch.log_softmax((teacher_hidden.float() @ teacher_head.float().t()) / temperature, dim=-1)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return (logq.exp() * (logq - logp)).sum(-1) * temperature**2
+
+
+def chunked_full_kl_rows(
+    hidden: Tensor, lm_head_weight: Tensor, teacher_hidden: Tensor, teacher_head: Tensor, temperature: float,
+    chunk_size: int, logit_transform: Optional[LogitTransform] = None,
+) -> Tensor:
+    """KL(q || p) per row over the whole draft vocabulary: [M].
+
+    hidden [M, H] and lm_head_weight [V, H] give the draft's logits; teacher_hidden [M, H_t] (the
+    target's final hidden states at each slot's source position) and teacher_head [V, H_t] (the
+    target's head rows of the same V tokens) give the teacher's, renormalised over those V.
+    Chunked and checkpointed: at most two [chunk_size, V] blocks live at once, so a 152k
+    vocabulary never holds a [M, V] tensor; backward recomputes both."""
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size={chunk_size}: the KL chunk needs at least one row")
+    if hidden.shape[0] == 0:
+        return (hidden.sum() + lm_head_weight.sum()).float().reshape(1)[:0]
+    return torch.cat([
+        checkpoint(_chunk_full_kl, h, lm_head_weight, t, teacher_head, temperature, logit_transform, use_reentrant=False)
+        for h, t in zip(hidden.split(chunk_size), teacher_hidden.split(chunk_size))
     ])
 
 

@@ -36,6 +36,7 @@ def check_config(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"train.attention_backend={t.attention_backend!r}; use one of {list(ATTENTION_BACKENDS)}.")
     if cfg.draft.block_size < 2:
         raise ConfigError(f"draft.block_size={cfg.draft.block_size}: a block needs the anchor and one drafted slot; set >= 2.")
+    check_sliding_window(cfg.draft)
     if cfg.draft.mask_token_id is None:
         raise ConfigError(
             "draft.mask_token_id is not set and has no default: pick a reserved, rarely used token of the "
@@ -59,17 +60,39 @@ def check_config(cfg: TrainAppConfig) -> None:
 
 
 def check_loss_weights(t) -> None:
-    from blockdraft.train.losses import POSITION_WEIGHTINGS, check_dpace_alpha
+    from blockdraft.train.losses import POSITION_WEIGHTINGS, check_dpace_alpha, check_loss_normalization
 
     if t.position_weighting not in POSITION_WEIGHTINGS:
         raise ConfigError(f"train.position_weighting={t.position_weighting!r}; use one of {list(POSITION_WEIGHTINGS)}.")
     check_dpace_alpha(t.dpace_alpha)
+    if t.loss_normalization is not None:
+        check_loss_normalization(t.loss_normalization)
+    if t.max_nonfinite_steps < 1:
+        raise ConfigError(f"train.max_nonfinite_steps={t.max_nonfinite_steps}: stop after at least one skipped step "
+                          "(3 is the default).")
     if t.ce_weight < 0 or t.kl_weight < 0 or t.ce_weight + t.kl_weight == 0:
         raise ConfigError(f"train.ce_weight={t.ce_weight}, train.kl_weight={t.kl_weight}: use weights >= 0, not both 0.")
-    if t.kl_weight > 0 and t.teacher_top_k < 1:
-        raise ConfigError(f"train.teacher_top_k={t.teacher_top_k}: keep at least the target's best token (32 is usual).")
+    if t.kl_weight > 0 and t.teacher_top_k is not None and t.teacher_top_k < 0:
+        raise ConfigError(f"train.teacher_top_k={t.teacher_top_k}: keep at least the target's best token (32 is usual), "
+                          "or null for its full distribution.")
     if not t.kl_temperature > 0:
         raise ConfigError(f"train.kl_temperature={t.kl_temperature}: use a positive temperature (1.0 = the distributions as they are).")
+
+
+def check_sliding_window(draft) -> None:
+    """vLLM 0.32 gives a non-causal sliding-window draft layer a symmetric window: W-1 keys before and
+    W-1 after each query. Training (and the reference engine) limit only the keys before a query,
+    which is the same rule while W >= block_size, since no slot of a block lies more than
+    block_size - 1 positions after another. Narrower, the block's first slots would see later
+    slots in training that vLLM hides from them: refused rather than trained unlike it serves.
+    A causal draft (JetSpec) sees no later key, so any window trains as vLLM serves it."""
+    w = draft.sliding_window
+    if w is not None and w < draft.block_size and draft.kind != "jetspec":
+        raise ConfigError(
+            f"draft.sliding_window={w} is narrower than draft.block_size={draft.block_size}: vLLM would hide later slots "
+            f"of a block from its first slots (a symmetric window of {w - 1} positions), which training lets them see. "
+            f"Use sliding_window >= {draft.block_size}, or null for full attention."
+        )
 
 
 def check_target_path(target) -> None:
@@ -111,6 +134,12 @@ def check_store_options(cfg: TrainAppConfig) -> None:
     from blockdraft.data.feature_store import FeatureStore
 
     FeatureStore.open(cfg.data.features)
+    if cfg.train.kl_weight > 0 and not cfg.train.teacher_top_k:
+        raise ConfigError(
+            f"train.teacher_top_k={cfg.train.teacher_top_k} asks for the target's full distribution, but a feature store "
+            f"(data.features={cfg.data.features}) keeps only the top-k it was captured with; set train.teacher_top_k=32 "
+            "(at most what the store kept), or train online (data.features=null) for the full distribution."
+        )
     if cfg.init_from_target:
         raise ConfigError(
             "init_from_target=true copies the target's decoder layers, which training from a feature store "

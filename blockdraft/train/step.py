@@ -21,20 +21,27 @@ from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
 from blockdraft.train.features import batch_features, batch_features_and_final
+from blockdraft import faults
 from blockdraft.train.losses import (
     chunked_cross_entropy_rows,
     chunked_forward_kl_rows,
+    chunked_full_kl_rows,
     dpace_weights,
     forward_kl_rows,
+    has_teacher,
+    normalized_loss,
     selector_cross_entropy,
     slot_weights,
     teacher_log_probs,
     topk_candidates,
-    weighted_mean,
 )
 from blockdraft.train.masks import dense_block_mask, flex_block_mask
 from blockdraft.train.metrics import accept_length
-from blockdraft.train.teacher import slot_teacher
+from blockdraft.train.teacher import slot_source_rows, slot_teacher
+
+# Rows per chunk of the full-distribution KL when train.loss_chunk_size is 0: two [chunk, V]
+# float32 blocks (the draft's and the target's) stay small even on a 152k vocabulary.
+FULL_KL_CHUNK = 256
 
 
 @dataclass
@@ -112,13 +119,19 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         ce = F.cross_entropy(logits.float(), loss_labels, reduction="none")  # [M]
         pred_sup = logits.argmax(-1)
     weights = position_weights(cfg, blocks, sup, ce, outside)  # [M]
-    loss = cfg.ce_weight * weighted_mean(ce, weights * ~outside) if cfg.ce_weight else 0.0
+    norm = loss_normalization(cfg)
+    block_ids = torch.arange(n * a, device=sup.device).view(n, a, 1).expand_as(sup)[sup]  # [M]
+    loss = cfg.ce_weight * normalized_loss(ce, weights * ~outside, block_ids, norm) if cfg.ce_weight else 0.0
     sums = {"micro_batches": torch.tensor(1.0), "time_target_s": torch.tensor(target_seconds)}
     if cfg.kl_weight > 0:
-        kl = _soft_label_kl(module, cfg, batch, final_hidden, target, blocks, sup, h_sup, lm_head, logits)  # [M]
-        kl_loss = weighted_mean(kl, weights)
+        kl, taught = _soft_label_kl(module, cfg, batch, final_hidden, target, blocks, sup, h_sup, lm_head, logits)  # [M] each
+        # A slot none of whose teacher candidates the draft can emit carries no KL signal: out of the
+        # KL and of its denominator (its CE still counts).
+        kl_loss = normalized_loss(kl, weights * taught, block_ids, norm)
         loss = loss + cfg.kl_weight * kl_loss
         sums["kl_sum"] = kl_loss.detach() * 1.0
+        sums["kl_rows_without_teacher"] = (~taught).sum().float()
+    loss = faults.corrupt("train.loss", loss)
     sums["loss_sum"] = loss.detach() * 1.0
     pred_sup = module.to_target_ids(pred_sup)
     if module.reduced_vocab:
@@ -144,8 +157,29 @@ def position_weights(cfg: LoopConfig, blocks, sup, ce, outside) -> torch.Tensor:
     return dpace_weights(confidence, sup, cfg.dpace_alpha)[sup]
 
 
+def loss_normalization(cfg: LoopConfig) -> str:
+    """The recipe's denominator, or the position weighting's default (docs/training.md says why)."""
+    if cfg.loss_normalization is not None:
+        return cfg.loss_normalization
+    return DEFAULT_NORMALIZATION[cfg.position_weighting]
+
+
+# D-PACE by blocks: measured against weights and tokens on the demo's store (docs/benchmarks.md,
+# "Loss normalisation"). The decay keeps the weighted mean it was tuned with.
+DEFAULT_NORMALIZATION = {"decay": "weights", "dpace": "blocks"}
+
+
 def _soft_label_kl(module, cfg: LoopConfig, batch, final_hidden, target, blocks, sup, h_sup, lm_head, logits):
-    """Forward KL per supervised slot [M] against the target's top-k, in the draft's vocabulary."""
+    """Forward KL per supervised slot against the target in the draft's vocabulary, and which slots
+    have a teacher there: ([M], [M] bool). The target's top-k, or with teacher_top_k null/0 its full
+    distribution (online only; the config check refuses it from a store)."""
+    if not cfg.teacher_top_k:
+        r, p = slot_source_rows(blocks.anchors, sup)
+        # The target's own head rows of the draft's tokens (a reduced draft trains a head of its own).
+        teacher_head = target.lm_head_weight[module.draft_token_ids()] if module.reduced_vocab else target.lm_head_weight
+        kl = chunked_full_kl_rows(h_sup, lm_head, final_hidden[r, p], teacher_head, cfg.kl_temperature,
+                                  cfg.loss_chunk_size or FULL_KL_CHUNK, _transform(module))
+        return kl, torch.ones_like(kl, dtype=torch.bool)
     teacher_ids, teacher_logits = slot_teacher(batch, final_hidden, target.lm_head_weight, blocks.anchors, sup,
                                                cfg.teacher_top_k)
     draft_ids = module.to_draft_ids(teacher_ids)  # -1: a candidate the draft's vocabulary lacks
@@ -153,8 +187,11 @@ def _soft_label_kl(module, cfg: LoopConfig, batch, final_hidden, target, blocks,
     logq = teacher_log_probs(teacher_logits, usable, cfg.kl_temperature)
     draft_ids = draft_ids.clamp(min=0)
     if logits is not None:
-        return forward_kl_rows(logits, draft_ids, logq, cfg.kl_temperature)
-    return chunked_forward_kl_rows(h_sup, lm_head, draft_ids, logq, cfg.kl_temperature, cfg.loss_chunk_size, _transform(module))
+        kl = forward_kl_rows(logits, draft_ids, logq, cfg.kl_temperature)
+    else:
+        kl = chunked_forward_kl_rows(h_sup, lm_head, draft_ids, logq, cfg.kl_temperature, cfg.loss_chunk_size,
+                                     _transform(module))
+    return kl, has_teacher(usable)
 
 
 def add_feature_noise(features: torch.Tensor, std: float, generator) -> torch.Tensor:

@@ -47,6 +47,14 @@ def teacher_topk_rows(final_hidden: Tensor, loss_mask: Tensor, lm_head_weight: T
     return ids, logits
 
 
+def slot_source_rows(anchors: Tensor, supervised: Tensor) -> Tuple[Tensor, Tensor]:
+    """(row [M], position [M]) of the position whose next-token logits teach each supervised slot."""
+    n, _, b = supervised.shape
+    pos = slot_source_positions(anchors, b).clamp(min=0)  # [N, A, B]; slot 0 is never supervised
+    rows = torch.arange(n, device=pos.device).view(n, 1, 1).expand_as(pos)
+    return rows[supervised], pos[supervised]
+
+
 @torch.no_grad()
 def slot_teacher(batch: dict, final_hidden: Optional[Tensor], lm_head_weight: Tensor, anchors: Tensor,
                  supervised: Tensor, k: int) -> Tuple[Tensor, Tensor]:
@@ -54,10 +62,7 @@ def slot_teacher(batch: dict, final_hidden: Optional[Tensor], lm_head_weight: Te
 
     From the batch's stored top-k when it has them (a feature store), else from the target's
     final hidden states of this step."""
-    n, a, b = supervised.shape
-    pos = slot_source_positions(anchors, b).clamp(min=0)  # [N, A, B]; slot 0 is never supervised
-    rows = torch.arange(n, device=pos.device).view(n, 1, 1).expand_as(pos)
-    r, p = rows[supervised], pos[supervised]  # [M] each
+    r, p = slot_source_rows(anchors, supervised)
     if "teacher_ids" in batch:
         stored = batch["teacher_ids"].shape[-1]
         if stored < k:

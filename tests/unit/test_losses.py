@@ -228,3 +228,84 @@ def test_dpace_weights_match_a_direct_per_block_computation():
     assert torch.equal(ones, supervised.flip(-1).cumsum(-1).flip(-1).float() * supervised)
     with pytest.raises(ConfigError, match="dpace_alpha"):
         dpace_weights(probs, supervised, 1.5)
+
+
+# --- the objectives issue: a slot without a teacher, the normalisations, the full-distribution KL
+def test_a_row_without_a_usable_candidate_gives_no_nan_and_no_gradient():
+    from blockdraft.train.losses import forward_kl_rows, has_teacher, normalized_loss, teacher_log_probs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, V, generator=g, requires_grad=True)
+    ids = torch.tensor([[1], [4], [7]])
+    usable = torch.tensor([[True], [False], [True]])  # row 1: its only candidate lies outside the vocabulary
+    logq = teacher_log_probs(torch.randn(3, 1, generator=g), usable, 1.0)
+    assert not torch.isnan(logq).any()
+    kl = forward_kl_rows(logits, ids, logq, 1.0)
+    taught = has_teacher(usable)
+    loss = normalized_loss(kl, taught.float(), torch.arange(3), "weights")
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    assert torch.equal(logits.grad[1], torch.zeros(V))
+    # The same as the loss over the two taught rows alone.
+    alone = logits.detach()[[0, 2]].requires_grad_()
+    want = forward_kl_rows(alone, ids[[0, 2]], logq[[0, 2]], 1.0).mean()
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(logits.grad[[0, 2]], alone.grad)
+
+
+def test_normalisations_divide_the_weighted_sum_by_weights_blocks_or_tokens():
+    from blockdraft.train.losses import normalized_loss
+
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    weights = torch.tensor([2.0, 1.0, 0.5, 0.0, 0.25])  # row 3 left out (weight 0)
+    blocks = torch.tensor([0, 0, 1, 2, 3])  # block 2 holds only the row left out
+    total = 2 * 1 + 1 * 2 + 0.5 * 3 + 0.25 * 5
+    assert float(normalized_loss(values, weights, blocks, "weights")) == pytest.approx(total / 3.75)
+    assert float(normalized_loss(values, weights, blocks, "blocks")) == pytest.approx(total / 3)
+    assert float(normalized_loss(values, weights, blocks, "tokens")) == pytest.approx(total / 4)
+    for mode in ("weights", "blocks", "tokens"):
+        empty = torch.zeros(0, requires_grad=True)
+        zero = normalized_loss(empty, torch.zeros(0), torch.zeros(0, dtype=torch.long), mode)
+        zero.backward()
+        assert float(zero.detach()) == 0.0 and empty.grad is not None
+    with pytest.raises(ConfigError, match="loss_normalization"):
+        normalized_loss(values, weights, blocks, "mean")
+
+
+@pytest.mark.parametrize("transform", [None, lambda x: 30.0 * torch.tanh(x / 30.0)])
+def test_full_distribution_kl_equals_the_direct_one_in_value_and_gradient(transform):
+    from blockdraft.train.losses import chunked_full_kl_rows
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(13, 8, generator=g, requires_grad=True)
+    head = torch.randn(V, 8, generator=g, requires_grad=True)
+    teacher_hidden, teacher_head = torch.randn(13, 6, generator=g), torch.randn(V, 6, generator=g)
+    T = 1.7
+    logits = hidden @ head.T
+    logits = logits if transform is None else transform(logits)
+    q = torch.softmax(teacher_hidden @ teacher_head.T / T, -1)
+    want = (q * (q.log() - torch.log_softmax(logits / T, -1))).sum(-1) * T * T
+    want.sum().backward()
+    want_grads = hidden.grad.clone(), head.grad.clone()
+    hidden.grad = head.grad = None
+    got = chunked_full_kl_rows(hidden, head, teacher_hidden, teacher_head, T, 5, transform)
+    got.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(hidden.grad, want_grads[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(head.grad, want_grads[1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="chunk"):
+        chunked_full_kl_rows(hidden, head, teacher_hidden, teacher_head, T, 0)
+
+
+def test_full_distribution_kl_equals_the_top_k_kl_with_k_the_vocabulary():
+    from blockdraft.train.losses import chunked_full_kl_rows, forward_kl_rows, teacher_log_probs
+
+    g = torch.Generator().manual_seed(1)
+    hidden, head = torch.randn(6, 8, generator=g), torch.randn(V, 8, generator=g)
+    teacher_hidden, teacher_head = torch.randn(6, 8, generator=g), torch.randn(V, 8, generator=g)
+    top = (teacher_hidden @ teacher_head.T).topk(V)
+    logq = teacher_log_probs(top.values, torch.ones(6, V, dtype=torch.bool), 1.0)
+    topk = forward_kl_rows(hidden @ head.T, top.indices, logq, 1.0)
+    torch.testing.assert_close(chunked_full_kl_rows(hidden, head, teacher_hidden, teacher_head, 1.0, 4), topk,
+                               rtol=1e-5, atol=1e-5)

@@ -195,6 +195,7 @@ def _naive_dpace_and_kl_loss(draft, target, batch, cfg, blocks):
     b, alpha, T, k = draft.config.block_size, cfg.dpace_alpha, cfg.kl_temperature, cfg.teacher_top_k
     target_logits = target.model(input_ids=batch["input_ids"]).logits  # [N, T, V]
     ce_num = kl_num = den = 0.0
+    tokens = blocks_counted = 0
     for row, j, hidden in _each_block(draft, target, batch, blocks):
         logits = draft.logits(hidden, target.lm_head_weight)[0]  # [B, V]
         slots = [s for s in range(1, b) if blocks.label_mask[row, j, s]]
@@ -217,13 +218,17 @@ def _naive_dpace_and_kl_loss(draft, target, batch, cfg, blocks):
             logp = torch.log_softmax(logits[s] / T, -1)[top.indices]
             kl = (q * (q.log() - logp)).sum() * T * T
             ce_num, kl_num, den = ce_num + weight * ce, kl_num + weight * kl, den + weight
+            tokens += 1
+        blocks_counted += bool(slots)
+    den = {"weights": den, "blocks": blocks_counted, "tokens": tokens}[cfg.loss_normalization]
     return cfg.ce_weight * ce_num / den + cfg.kl_weight * kl_num / den
 
 
-def test_dpace_and_soft_label_step_equals_naive_per_block_loop(tiny_hf, tiny_target):
+@pytest.mark.parametrize("normalization", ["weights", "blocks", "tokens"])
+def test_dpace_and_soft_label_step_equals_naive_per_block_loop(tiny_hf, tiny_target, normalization):
     draft = make_draft(tiny_hf, "dflash")
     cfg = LoopConfig(num_anchors=5, position_weighting="dpace", dpace_alpha=0.3, ce_weight=0.6, kl_weight=0.7,
-                     teacher_top_k=9, kl_temperature=1.5)
+                     teacher_top_k=9, kl_temperature=1.5, loss_normalization=normalization)
     batch = _batch()
     blocks = draw_blocks(batch, cfg, draft.config.block_size, MASK_ID, torch.Generator().manual_seed(3))
     result = train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3))
@@ -266,3 +271,77 @@ def test_soft_labels_outside_a_reduced_vocabulary_are_dropped_and_renormalised(t
     torch.testing.assert_close(kl, torch.zeros(3), atol=1e-6, rtol=0)
     other = full[:, vocab] + torch.randn(3, 5, generator=g)
     assert (forward_kl_rows(other, draft_ids, logq, 1.0) > 0).all()
+
+
+def test_dpace_defaults_to_its_measured_normalisation_and_decay_to_the_weighted_mean():
+    from blockdraft.train.step import DEFAULT_NORMALIZATION, loss_normalization
+
+    assert loss_normalization(LoopConfig(position_weighting="decay")) == "weights"
+    assert loss_normalization(LoopConfig(position_weighting="dpace")) == DEFAULT_NORMALIZATION["dpace"]
+    assert loss_normalization(LoopConfig(position_weighting="dpace", loss_normalization="tokens")) == "tokens"
+
+
+def _grads(draft):
+    return {n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None}
+
+
+def test_a_slot_whose_teacher_lies_outside_the_vocabulary_is_left_out_with_finite_gradients(tiny_hf, tiny_target):
+    """JetSpec's KL, a reduced vocabulary of even ids and the target's top 1: every slot whose top token
+    is odd has no teacher. The step equals the KL over the other slots alone, in value and gradient."""
+    draft = make_draft(tiny_hf, "jetspec", draft_vocab_size=128)
+    vocab = torch.arange(0, 256, 2)
+    draft.set_draft_vocab(vocab, tiny_target.lm_head_weight)
+    cfg = LoopConfig(num_anchors=5, gamma=None, ce_weight=0.0, kl_weight=1.0, teacher_top_k=1)
+    batch = _batch()
+    blocks = draw_blocks(batch, cfg, draft.config.block_size, MASK_ID, torch.Generator().manual_seed(3))
+    result = train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3))
+    result.loss.backward()
+    got = _grads(draft)
+    assert torch.isfinite(result.loss) and all(torch.isfinite(g).all() for g in got.values())
+
+    draft.zero_grad(set_to_none=True)
+    target_logits = tiny_target.model(input_ids=batch["input_ids"]).logits  # [N, T, V]
+    total, taught, untaught = 0.0, 0, 0
+    for row, j, hidden in _each_block(draft, tiny_target, batch, blocks):
+        logits = hidden[0] @ draft.lm_head.weight.T  # [B, V_draft]
+        for k in range(1, draft.config.block_size):
+            if not blocks.label_mask[row, j, k]:
+                continue
+            best = int(target_logits[row, int(blocks.anchors[row, j]) + k - 1].argmax())
+            if best % 2:
+                untaught += 1
+                continue
+            total = total - torch.log_softmax(logits[k], -1)[best // 2]  # KL to a one-hot teacher
+            taught += 1
+    assert taught > 0 and untaught > 0
+    want = total / taught
+    want.backward()
+    assert int(result.sums["kl_rows_without_teacher"]) == untaught
+    torch.testing.assert_close(result.loss, want, rtol=1e-5, atol=1e-6)
+    for name, g in _grads(draft).items():
+        torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6)
+
+
+def test_full_distribution_soft_labels_equal_the_top_k_ones_with_k_the_vocabulary(tiny_hf, tiny_target):
+    draft = make_draft(tiny_hf, "jetspec")
+    cfg = LoopConfig(num_anchors=5, gamma=None, kl_weight=1.0, teacher_top_k=tiny_target.lm_head_weight.shape[0])
+    batch = _batch()
+    top_k = train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3))
+    full = train_step(draft, tiny_target, batch, dataclasses.replace(cfg, teacher_top_k=None, loss_chunk_size=7),
+                      torch.Generator().manual_seed(3))
+    torch.testing.assert_close(full.loss, top_k.loss, rtol=1e-5, atol=1e-5)
+    assert int(full.sums["kl_rows_without_teacher"]) == 0
+
+
+def test_full_distribution_soft_labels_of_a_reduced_draft_are_the_targets_over_its_vocabulary(tiny_hf, tiny_target):
+    """The top-k path with k the whole vocabulary renormalises the target over the draft's tokens; the
+    full path must give the same, also once the draft's own head has moved away from the target's rows."""
+    draft = make_draft(tiny_hf, "dflash", draft_vocab_size=128)
+    draft.set_draft_vocab(torch.arange(0, 256, 2), tiny_target.lm_head_weight)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(3.0)  # a trained head is no longer the target's rows
+    cfg = LoopConfig(num_anchors=5, gamma=None, ce_weight=0.0, kl_weight=1.0, teacher_top_k=tiny_target.lm_head_weight.shape[0])
+    batch = _batch()
+    top_k = train_step(draft, tiny_target, batch, cfg, torch.Generator().manual_seed(3))
+    full = train_step(draft, tiny_target, batch, dataclasses.replace(cfg, teacher_top_k=None), torch.Generator().manual_seed(3))
+    torch.testing.assert_close(full.loss, top_k.loss, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,61 @@
+"""The objectives' settings: JetSpec's recipe whatever the experiment, and each new option's refusal of
+bad values at the config check, before anything loads."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from blockdraft.config import compose, register_schema
+from blockdraft.data.capture import CaptureAppConfig, check_capture_config
+from blockdraft.errors import ConfigError
+from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.setup import check_config
+
+register_schema("train_schema", TrainAppConfig)
+register_schema("capture_schema", CaptureAppConfig)
+
+
+def _schema(*overrides, experiment="tiny_cpu"):
+    return OmegaConf.to_object(compose("train", [f"experiment={experiment}", "run_dir=/tmp/unused", *overrides]))
+
+
+@pytest.mark.parametrize("experiment", ["tiny_cpu", "smollm2_dflash_cpu", "qwen3_8b_dflash"])
+def test_jetspec_trains_its_papers_objective_under_any_experiment(experiment):
+    t = _schema("draft=jetspec", experiment=experiment).train
+    assert (t.kl_weight, t.ce_weight, t.position_weighting, t.gamma) == (1.0, 0.0, "decay", None)
+    # A DFlash draft keeps the experiment's own choices.
+    assert _schema(experiment=experiment).train.kl_weight == 0.0
+
+
+def test_the_command_line_still_brings_the_decay_back_to_jetspec():
+    assert _schema("draft=jetspec", "train.gamma=4.0").train.gamma == 4.0
+
+
+@pytest.mark.parametrize("overrides,needles", [
+    (["train.loss_normalization=mean"], ["train.loss_normalization='mean'", "weights", "blocks", "tokens"]),
+    (["train.max_nonfinite_steps=0"], ["train.max_nonfinite_steps=0"]),
+    (["train.kl_weight=1.0", "train.teacher_top_k=-1"], ["train.teacher_top_k=-1", "null"]),
+    (["draft.sliding_window=3"], ["draft.sliding_window=3", "draft.block_size=4", "sliding_window >= 4"]),
+])
+def test_bad_objective_settings_are_refused_at_the_config_check(overrides, needles):
+    with pytest.raises(ConfigError) as err:
+        check_config(_schema(*overrides))
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+def test_a_causal_draft_may_have_a_window_narrower_than_its_block():
+    # vLLM gives a causal layer a one-sided window, exactly what training's mask applies.
+    check_config(_schema("draft=jetspec", "draft.block_size=4", "draft.sliding_window=2"))
+    check_config(_schema("draft.sliding_window=4"))  # as wide as the block: the same rule either way
+
+
+def test_the_full_distribution_is_refused_from_a_store_and_by_a_capture(tmp_path):
+    from blockdraft.data.feature_store import FeatureStore
+
+    FeatureStore.create_or_resume(tmp_path / "store", {"target": "x"}, overwrite=False)
+    with pytest.raises(ConfigError, match="keeps only the top-k.*train.teacher_top_k=32.*data.features=null"):
+        check_config(_schema("train.kl_weight=1.0", "train.teacher_top_k=null", f"data.features={tmp_path / 'store'}"))
+    capture = OmegaConf.to_object(compose("capture", ["experiment=tiny_cpu", f"out={tmp_path / 'new'}",
+                                                      "train.kl_weight=1.0", "train.teacher_top_k=null"]))
+    with pytest.raises(ConfigError, match="full distribution.*train.teacher_top_k=32"):
+        check_capture_config(capture)

@@ -5,11 +5,13 @@ unless the environment variable BLOCKDRAFT_FAULT names that point:
 
     BLOCKDRAFT_FAULT=<point>[@<hit>]:<action>[,<point>[@<hit>]:<action> ...]
 
-    <hit>     which pass through the point fires (1 = the first, the default)
+    <hit>     which pass through the point fires (1 = the first, the default); N+ = every pass from the Nth
     <action>  kill      SIGKILL this process (no handler, no cleanup: as the OOM killer does)
               term      SIGTERM this process (what a scheduler sends before preempting)
               sleep=S   pause S seconds, so a test can kill the process at exactly this moment
               raise     raise FaultInjected
+              nan[=R]   at a value point (`faults.corrupt`): the value becomes NaN, on every rank or
+                        on rank R only (the RANK torchrun sets), as a bad row or a bad kernel would
 
 Before acting, the process writes the point's name to the file named by
 BLOCKDRAFT_FAULT_MARK (when set) and to stderr, so a test knows the moment has come.
@@ -22,14 +24,16 @@ import os
 import signal
 import sys
 import time
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 ENV = "BLOCKDRAFT_FAULT"
 MARK_ENV = "BLOCKDRAFT_FAULT_MARK"
-ACTIONS = ("kill", "term", "sleep", "raise")
+ACTIONS = ("kill", "term", "sleep", "raise", "nan")
 
 _hits: Dict[str, int] = {}
-_parsed: Tuple[str, Dict[str, Tuple[int, str, float]]] = ("", {})
+# {point: (first hit, every later hit too, action, argument)}
+Plan = Dict[str, Tuple[int, bool, str, float]]
+_parsed: Tuple[str, Plan] = ("", {})
 
 
 class FaultInjected(RuntimeError):
@@ -37,39 +41,66 @@ class FaultInjected(RuntimeError):
 
 
 def point(name: str) -> None:
+    fired = _fires(name)
+    if fired is not None:
+        _act(name, *fired)
+
+
+def corrupt(name: str, value):
+    """`value` (a tensor), or NaN of its shape where the point fires with action nan."""
+    fired = _fires(name)
+    if fired is None:
+        return value
+    action, arg = fired
+    if action != "nan":
+        _act(name, action, arg)
+        return value
+    if arg >= 0 and int(arg) != int(os.environ.get("RANK", "0")):
+        return value
+    _mark(name, f"nan{'' if arg < 0 else f' on rank {int(arg)}'}")
+    return value * float("nan")
+
+
+def _fires(name: str) -> Optional[Tuple[str, float]]:
+    """(action, argument) when this pass through `name` fires, else None."""
     spec = os.environ.get(ENV)
     if not spec:
-        return
+        return None
     plan = _plan(spec).get(name)
     if plan is None:
-        return
+        return None
     _hits[name] = _hits.get(name, 0) + 1
-    hit, action, seconds = plan
-    if _hits[name] == hit:
-        _act(name, action, seconds)
+    hit, onwards, action, arg = plan
+    if _hits[name] == hit or (onwards and _hits[name] > hit):
+        return action, arg
+    return None
 
 
-def _plan(spec: str) -> Dict[str, Tuple[int, str, float]]:
-    """{point: (hit, action, seconds)}; parsed once per distinct value of the variable."""
+def _plan(spec: str) -> Plan:
+    """Parsed once per distinct value of the variable."""
     global _parsed
     if _parsed[0] != spec:
         _parsed = (spec, parse(spec))
     return _parsed[1]
 
 
-def parse(spec: str) -> Dict[str, Tuple[int, str, float]]:
+def parse(spec: str) -> Plan:
     plan = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         where, _, action = item.partition(":")
         name, _, hit = where.partition("@")
         action, _, arg = action.partition("=")
-        if not name or action not in ACTIONS or (hit and not hit.isdigit()) or (action == "sleep" and not _is_number(arg)):
+        onwards = hit.endswith("+")
+        hit = hit[:-1] if onwards else hit
+        bad_arg = (action == "sleep" and not _is_number(arg)) or (action == "nan" and arg and not arg.isdigit())
+        if not name or action not in ACTIONS or (hit and not hit.isdigit()) or (onwards and not hit) or bad_arg:
             # A typo here would silently inject nothing and let a fault test pass for the wrong reason.
             raise ValueError(
-                f"{ENV}={spec!r}: cannot read {item!r}; write <point>[@<hit>]:<action> with action one of "
-                "kill, term, raise or sleep=<seconds>, e.g. checkpoint.after_weights@2:sleep=30."
+                f"{ENV}={spec!r}: cannot read {item!r}; write <point>[@<hit>[+]]:<action> with action one of "
+                "kill, term, raise, sleep=<seconds> or nan[=<rank>], e.g. checkpoint.after_weights@2:sleep=30."
             )
-        plan[name] = (int(hit or 1), action, float(arg or 0))
+        default = -1.0 if action == "nan" else 0.0  # nan with no rank: every rank
+        plan[name] = (int(hit or 1), onwards, action, float(arg) if arg else default)
     return plan
 
 
@@ -81,12 +112,18 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _act(name: str, action: str, seconds: float) -> None:
+def _mark(name: str, what: str) -> None:
     mark = os.environ.get(MARK_ENV)
     if mark:
         with open(mark, "a") as fh:
             fh.write(name + "\n")
-    print(f"[fault] {name}: {action}" + (f" {seconds:g} s" if action == "sleep" else ""), file=sys.stderr, flush=True)
+    print(f"[fault] {name}: {what}", file=sys.stderr, flush=True)
+
+
+def _act(name: str, action: str, seconds: float) -> None:
+    if action == "nan":
+        raise ValueError(f"{ENV}: {name} is not a value point; nan applies only where code calls faults.corrupt")
+    _mark(name, action + (f" {seconds:g} s" if action == "sleep" else ""))
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "term":

@@ -13,13 +13,16 @@ register_schema("train_schema", TrainAppConfig)
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)
 def main(cfg) -> None:
-    from blockdraft.train.loop import Preempted, run_training
+    from blockdraft.train.loop import NonFiniteSteps, Preempted, run_training
 
     try:
         run_dir = run_training(cfg)
     except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteSteps as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     except Preempted as stop:
         print(f"[train] {stop}", file=sys.stderr)
         sys.exit(143)  # 128 + SIGTERM, what a scheduler expects of a preempted job

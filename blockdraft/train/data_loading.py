@@ -111,6 +111,7 @@ class GlobalBatches:
         self.dataset, self.mbs, self.accum, self.dist, self.seed = dataset, micro_batch_size, grad_accum, dist, seed
         self.pad_id = pad_id
         self.epoch, self.samples = 0, 0  # samples consumed in this epoch, all ranks together
+        self.last_step_rows: list = []
 
     def _permutation(self) -> list:
         g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
@@ -121,6 +122,8 @@ class GlobalBatches:
         if self.samples + self.global_micro > len(self.dataset):
             self.epoch, self.samples = self.epoch + 1, 0
         perm = self._permutation()
+        # Every rank knows the whole step's rows (the order is the same everywhere): a skipped step names them.
+        self.last_step_rows = perm[self.samples:self.samples + self.global_micro]
         out = []
         for i in range(self.accum):
             slot = self.dist.rank * self.accum + i

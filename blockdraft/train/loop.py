@@ -45,6 +45,20 @@ def run_training(cfg) -> Path:
             lock.release()
 
 
+class NonFiniteSteps(RuntimeError):
+    """train.max_nonfinite_steps steps in a row had a non-finite loss or gradient norm; nothing of them
+    was applied, and the last checkpoint is the newest one."""
+
+    def __init__(self, step: int, skipped: list):
+        where = "; ".join(f"step {s}: {what}, rows {rows}" for s, what, rows in skipped)
+        super().__init__(
+            f"stopped at step {step}: the last {len(skipped)} steps were not finite and were skipped ({where}). "
+            "Rows are 0-based positions among data.train's usable rows. Nothing of these steps was applied; the "
+            "latest checkpoint is the last good one. Check those rows, lower optim.lr, or set optim.grad_clip; "
+            "rerun with resume=auto to continue from the checkpoint.")
+        self.step = step
+
+
 class Preempted(Exception):
     """SIGTERM arrived: a checkpoint of `step` was saved; rerun with resume=auto to go on."""
 
@@ -91,6 +105,7 @@ class Trainer:
         if self.resume_from is None and dist.is_main:
             claim_run_dir(self.run_dir, cfg.overwrite, cfg.resume)
         self.stop_requested = False
+        self.nonfinite_run: list = []  # (step, what, rows) of the skipped steps since the last good one
         self._build()
 
     # --- set-up -----------------------------------------------------------------------
@@ -229,18 +244,25 @@ class Trainer:
 
     def _loop(self, window, window_start) -> Path:
         cfg = self.cfg
+        skipped_in_window = 0
         while self.step < cfg.train.max_steps:
             sums = self._optimizer_step()
             self.step += 1
-            window = sums if window is None else {k: window[k] + sums[k] for k in sums}
-            if self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps:
-                self._log(window, time.perf_counter() - window_start)
-                window, window_start = None, time.perf_counter()
+            if sums is None:
+                skipped_in_window += 1
+                self._note_nonfinite()
+            else:
+                self.nonfinite_run = []
+                window = sums if window is None else {k: window[k] + sums[k] for k in sums}
+            if (self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps) and window is not None:
+                self._log(window, time.perf_counter() - window_start, skipped_in_window)
+                window, window_start, skipped_in_window = None, time.perf_counter(), 0
             else:
                 self.logger.advance()
             if cfg.train.val_every and self.step % cfg.train.val_every == 0:
                 self.validate()
-            if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+            # While steps are being skipped the last good checkpoint stays the newest.
+            if cfg.train.save_every and self.step % cfg.train.save_every == 0 and not self.nonfinite_run:
                 self._save()
             if self._stop_agreed():
                 if window is not None:  # the steps since the last line: no later run would log them
@@ -282,14 +304,41 @@ class Trainer:
             # No rank had a single valid anchor: skip the update on every rank together.
             self.optimizer.zero_grad(set_to_none=True)
             return totals
+        # The norm before clipping (an infinite bound clips nothing): the check below needs it either way.
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.optim.grad_clip or float("inf")).detach()
+        problem = self._nonfinite(totals["loss_sum"], grad_norm)
+        if problem:
+            # Nothing of this step may reach the weights, the optimizer's moments or the schedule.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_run.append((self.step + 1, problem, self.batches.last_step_rows))
+            return None
         if cfg.optim.grad_clip:
-            totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.optim.grad_clip).detach().cpu()
+            totals["grad_norm"] = grad_norm.cpu()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return totals
 
-    def _log(self, window: dict, seconds: float) -> None:
+    def _nonfinite(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> str:
+        """What was not finite in this step ('' if nothing), decided the same on every rank: the loss is
+        already summed over ranks, and each rank's verdict on its own gradients is summed too."""
+        local = torch.tensor([0.0 if torch.isfinite(grad_norm) else 1.0], device=self.device)
+        grads_bad = bool(all_reduce_sum(local).item() > 0)
+        loss_bad = not bool(torch.isfinite(loss_sum))
+        return " and ".join(what for what, bad in (("loss", loss_bad), ("gradient norm", grads_bad)) if bad)
+
+    def _note_nonfinite(self) -> None:
+        step, what, rows = self.nonfinite_run[-1]
+        limit = self.cfg.train.max_nonfinite_steps
+        if self.dist.is_main:
+            print(f"[train] step {step}: non-finite {what} (rows {rows}); skipped, nothing applied "
+                  f"({len(self.nonfinite_run)} in a row, the run stops at {limit})", flush=True)
+            self.logger.log({"step": step, "event": "nonfinite_step_skipped", "nonfinite": what, "rows": rows,
+                             "in_a_row": len(self.nonfinite_run)})
+        if len(self.nonfinite_run) >= limit:
+            raise NonFiniteSteps(step, self.nonfinite_run)
+
+    def _log(self, window: dict, seconds: float, skipped: int = 0) -> None:
         steps = self.cfg.train.log_every if self.step % self.cfg.train.log_every == 0 else self.step % self.cfg.train.log_every
         world = self.dist.world_size
         record = {"step": self.step, **summarize(window), "lr": self.scheduler.get_last_lr()[0],
@@ -298,6 +347,8 @@ class Trainer:
                   "share_target": float(window["time_target_s"]) / world / seconds,
                   "share_draft": float(window["time_draft_s"]) / world / seconds}
         record["share_other"] = 1.0 - record["share_target"] - record["share_draft"]
+        if skipped:
+            record["skipped_nonfinite_steps"] = skipped
         if self.device.type == "cuda":
             record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         else:

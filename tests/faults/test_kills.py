@@ -247,7 +247,25 @@ def test_a_mistyped_fault_spec_is_refused_not_ignored():
     from blockdraft.faults import parse
 
     assert parse("checkpoint.after_weights@2:sleep=30, train.after_backward:kill") == {
-        "checkpoint.after_weights": (2, "sleep", 30.0), "train.after_backward": (1, "kill", 0.0)}
-    for typo in ("checkpoint.after_weights:sleep", "train.after_backward:explode", "x@two:kill"):
+        "checkpoint.after_weights": (2, False, "sleep", 30.0), "train.after_backward": (1, False, "kill", 0.0)}
+    assert parse("train.loss@3+:nan=1, x:nan") == {"train.loss": (3, True, "nan", 1.0), "x": (1, False, "nan", -1.0)}
+    for typo in ("checkpoint.after_weights:sleep", "train.after_backward:explode", "x@two:kill", "x:nan=one", "x@+:nan"):
         with pytest.raises(ValueError, match="cannot read"):
             parse(typo)
+
+
+def test_nan_fires_only_at_a_value_point_and_on_the_rank_asked(monkeypatch):
+    import torch
+
+    from blockdraft import faults
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv(faults.ENV, "v.one@2+:nan=1, v.all:nan, p.kill:nan")
+    assert torch.isfinite(faults.corrupt("v.one", torch.ones(2))).all()
+    assert torch.isfinite(faults.corrupt("v.one", torch.ones(2))).all()  # fires from hit 2, but on rank 1 only
+    monkeypatch.setenv("RANK", "1")
+    assert torch.isnan(faults.corrupt("v.one", torch.ones(2))).all()
+    assert torch.isnan(faults.corrupt("v.all", torch.ones(2))).all()
+    assert torch.isfinite(faults.corrupt("v.all", torch.ones(2))).all()  # hit 1 only
+    with pytest.raises(ValueError, match="not a value point"):
+        faults.point("p.kill")

@@ -53,14 +53,26 @@ def check_capture_config(cfg: CaptureAppConfig) -> None:
     if cfg.data.features:
         raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
     check_target_path(cfg.target)
-    if cfg.train.kl_weight > 0 and not cfg.train.teacher_top_k:
-        raise ConfigError(
-            f"train.teacher_top_k={cfg.train.teacher_top_k} asks for the target's full distribution, which a feature "
-            "store does not keep (it would be a [tokens, vocab] table per row); capture with train.teacher_top_k=32, "
-            "or train online (no store) for the full distribution."
-        )
     if cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)
+
+
+def store_teacher_top_k(kl_weight: float, teacher_top_k) -> int:
+    """How many of the target's best tokens the store keeps per position: the run's top-k; for a run on
+    the full distribution (teacher_top_k null), STORE_FULL_TOP_K, said once, since a store keeps no
+    [tokens, vocab] table; 0 without soft labels."""
+    if kl_weight <= 0:
+        return 0
+    if teacher_top_k:
+        return teacher_top_k
+    print(f"[capture] train.teacher_top_k=null asks for the target's full distribution, which a feature store "
+          f"does not keep: keeping its top {STORE_FULL_TOP_K} (training from this store renormalises over them; "
+          "train online, without data.features, for the full distribution).", flush=True)
+    return STORE_FULL_TOP_K
+
+
+# The top-k a store keeps for a recipe on the full distribution (JetSpec's): the usual truncation.
+STORE_FULL_TOP_K = 32
 
 
 def run_capture(cfg) -> Path:
@@ -96,7 +108,7 @@ class Capture:
         check_layer_ids(self.layer_ids, self.target_config.num_hidden_layers)
         self.target = None  # loaded only once the store's identity has been checked
         # Soft labels are kept when the run these overrides describe trains with them.
-        self.teacher_top_k = cfg.train.teacher_top_k if cfg.train.kl_weight > 0 else 0
+        self.teacher_top_k = store_teacher_top_k(cfg.train.kl_weight, cfg.train.teacher_top_k)
 
     def splits(self):
         return [(name, path) for name, path in (("train", self.cfg.data.train), ("val", self.cfg.data.val)) if path]

@@ -63,9 +63,9 @@ def store_identity(target_path, target_config, layer_ids: Sequence[int], tokeniz
 
 def check_store_teacher(store: FeatureStore, kl_weight: float, teacher_top_k: Optional[int]) -> None:
     """Soft labels from a store need the target's top-k, kept at capture for at least k tokens (the full
-    distribution, teacher_top_k null, is refused earlier by the training config check)."""
+    distribution, teacher_top_k null, takes whatever top-k the store kept)."""
     kept = int(store.identity.get("teacher_top_k", 0))
-    if kl_weight > 0 and kept < (teacher_top_k or 0):
+    if kl_weight > 0 and kept < (teacher_top_k or 1):
         have = f"kept the target's top {kept}" if kept else "kept no soft labels"
         raise ConfigError(
             f"train.kl_weight={kl_weight} with train.teacher_top_k={teacher_top_k}, but the feature store {store.root} {have}. "

@@ -61,6 +61,10 @@ def open_training_store(cfg, target_config, tokenizer, layer_ids):
     store = FeatureStore.open(cfg.data.features)
     check_store_for_training(store, cfg.target.path, target_config, layer_ids, tokenizer, cfg.data)
     check_store_teacher(store, cfg.train.kl_weight, cfg.train.teacher_top_k)
+    if cfg.train.kl_weight > 0 and not cfg.train.teacher_top_k:
+        print(f"[train] train.teacher_top_k=null asks for the target's full distribution; the feature store "
+              f"{store.root} kept its top {store.identity['teacher_top_k']}: training on those, renormalised "
+              "(train online, without data.features, for the full distribution).", flush=True)
     if cfg.data.val and not store.has_split("val"):
         raise ConfigError(
             f"data.val={cfg.data.val} is set but the store {store.root} holds no val split; capture one with "

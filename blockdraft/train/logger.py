@@ -96,6 +96,8 @@ def summarize(sums: dict, world_tokens: Optional[float] = None) -> dict:
     out["acc_per_slot"] = [None if math.isnan(x) else round(x, 4) for x in acc.tolist()[1:]]
     if "kl_sum" in sums:
         out["kl"] = float(sums["kl_sum"] / sums["micro_batches"])
+        # Slots none of whose teacher candidates the draft's vocabulary holds: left out of the KL.
+        out["kl_rows_without_teacher"] = int(sums["kl_rows_without_teacher"])
     if "labels_outside_vocab" in sums:
         out["label_outside_vocab_share"] = float(sums["labels_outside_vocab"] / sums["slot_supervised"].sum().clamp_min(1))
     if "correction_base_correct" in sums:  # Domino: the backbone's own accuracy, beside the corrected acc_per_slot

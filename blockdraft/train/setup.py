@@ -134,12 +134,6 @@ def check_store_options(cfg: TrainAppConfig) -> None:
     from blockdraft.data.feature_store import FeatureStore
 
     FeatureStore.open(cfg.data.features)
-    if cfg.train.kl_weight > 0 and not cfg.train.teacher_top_k:
-        raise ConfigError(
-            f"train.teacher_top_k={cfg.train.teacher_top_k} asks for the target's full distribution, but a feature store "
-            f"(data.features={cfg.data.features}) keeps only the top-k it was captured with; set train.teacher_top_k=32 "
-            "(at most what the store kept), or train online (data.features=null) for the full distribution."
-        )
     if cfg.init_from_target:
         raise ConfigError(
             "init_from_target=true copies the target's decoder layers, which training from a feature store "

@@ -172,8 +172,8 @@ DEFAULT_NORMALIZATION = {"decay": "weights", "dpace": "blocks"}
 def _soft_label_kl(module, cfg: LoopConfig, batch, final_hidden, target, blocks, sup, h_sup, lm_head, logits):
     """Forward KL per supervised slot against the target in the draft's vocabulary, and which slots
     have a teacher there: ([M], [M] bool). The target's top-k, or with teacher_top_k null/0 its full
-    distribution (online only; the config check refuses it from a store)."""
-    if not cfg.teacher_top_k:
+    distribution (online; from a store, the top-k it kept)."""
+    if not cfg.teacher_top_k and "teacher_ids" not in batch:
         r, p = slot_source_rows(blocks.anchors, sup)
         # The target's own head rows of the draft's tokens (a reduced draft trains a head of its own).
         teacher_head = target.lm_head_weight[module.draft_token_ids()] if module.reduced_vocab else target.lm_head_weight

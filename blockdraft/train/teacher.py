@@ -65,6 +65,7 @@ def slot_teacher(batch: dict, final_hidden: Optional[Tensor], lm_head_weight: Te
     r, p = slot_source_rows(anchors, supervised)
     if "teacher_ids" in batch:
         stored = batch["teacher_ids"].shape[-1]
+        k = k or stored  # the full distribution asked of a store: all it kept (the trainer said so at start)
         if stored < k:
             raise ConfigError(f"train.teacher_top_k={k}, but the feature store kept the target's top {stored}; "
                               f"set train.teacher_top_k<={stored}, or capture the store again with train.teacher_top_k={k}.")

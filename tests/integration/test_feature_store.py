@@ -52,6 +52,17 @@ def test_soft_labels_from_a_float32_store_equal_online_soft_labels(tmp_path):
         torch.testing.assert_close(_weights(stored, 10)[name], t, rtol=1e-4, atol=1e-6)
 
 
+def test_jetspec_on_the_full_distribution_trains_from_a_store_on_the_top_k_it_kept(tmp_path, capsys):
+    # JetSpec's recipe asks for the full distribution; a store keeps a top-k, and both steps say so.
+    store = capture_tiny(tmp_path / "jetspec", "draft=jetspec", "train.teacher_top_k=null", "data.val=null")
+    assert json.loads((store / "index.json").read_text())["identity"]["teacher_top_k"] == 32
+    run = train_tiny(tmp_path / "run", "draft=jetspec", "train.teacher_top_k=null", "train.max_steps=2", "data.val=null",
+                     f"data.features={store}")
+    out = capsys.readouterr().out
+    assert "keeping its top 32" in out and "kept its top 32: training on those" in out
+    assert all(r["kl"] > 0 for r in _train_rows(run))
+
+
 def test_soft_labels_from_a_store_without_them_are_refused_before_training(fp32_store, tmp_path):
     with pytest.raises(ConfigError, match="kept no soft labels") as err:
         train_tiny(tmp_path / "run", f"data.features={fp32_store}", "train.kl_weight=0.5")

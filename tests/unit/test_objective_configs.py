@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blockdraft.config import compose, register_schema
-from blockdraft.data.capture import CaptureAppConfig, check_capture_config
+from blockdraft.data.capture import CaptureAppConfig
 from blockdraft.errors import ConfigError
 from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.setup import check_config
@@ -21,7 +21,7 @@ def _schema(*overrides, experiment="tiny_cpu"):
 @pytest.mark.parametrize("experiment", ["tiny_cpu", "smollm2_dflash_cpu", "qwen3_8b_dflash"])
 def test_jetspec_trains_its_papers_objective_under_any_experiment(experiment):
     t = _schema("draft=jetspec", experiment=experiment).train
-    assert (t.kl_weight, t.ce_weight, t.position_weighting, t.gamma) == (1.0, 0.0, "decay", None)
+    assert (t.kl_weight, t.ce_weight, t.teacher_top_k, t.position_weighting, t.gamma) == (1.0, 0.0, None, "decay", None)
     # A DFlash draft keeps the experiment's own choices.
     assert _schema(experiment=experiment).train.kl_weight == 0.0
 
@@ -49,13 +49,9 @@ def test_a_causal_draft_may_have_a_window_narrower_than_its_block():
     check_config(_schema("draft.sliding_window=4"))  # as wide as the block: the same rule either way
 
 
-def test_the_full_distribution_is_refused_from_a_store_and_by_a_capture(tmp_path):
-    from blockdraft.data.feature_store import FeatureStore
+def test_a_capture_for_the_full_distribution_keeps_a_top_k_and_says_so(capsys):
+    from blockdraft.data.capture import STORE_FULL_TOP_K, store_teacher_top_k
 
-    FeatureStore.create_or_resume(tmp_path / "store", {"target": "x"}, overwrite=False)
-    with pytest.raises(ConfigError, match="keeps only the top-k.*train.teacher_top_k=32.*data.features=null"):
-        check_config(_schema("train.kl_weight=1.0", "train.teacher_top_k=null", f"data.features={tmp_path / 'store'}"))
-    capture = OmegaConf.to_object(compose("capture", ["experiment=tiny_cpu", f"out={tmp_path / 'new'}",
-                                                      "train.kl_weight=1.0", "train.teacher_top_k=null"]))
-    with pytest.raises(ConfigError, match="full distribution.*train.teacher_top_k=32"):
-        check_capture_config(capture)
+    assert store_teacher_top_k(1.0, None) == STORE_FULL_TOP_K == 32
+    assert "keeping its top 32" in capsys.readouterr().out
+    assert (store_teacher_top_k(1.0, 8), store_teacher_top_k(0.0, None)) == (8, 0)

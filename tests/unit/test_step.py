@@ -253,6 +253,10 @@ def test_soft_labels_from_stored_top_k_equal_the_online_ones(tiny_hf, tiny_targe
     from_store = train_step(draft, tiny_target, stored, cfg, torch.Generator().manual_seed(3))
     torch.testing.assert_close(from_store.loss, online.loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(from_store.sums["kl_sum"], online.sums["kl_sum"], rtol=1e-5, atol=1e-6)
+    # The full distribution asked of a store takes all the store kept (the trainer says so at start).
+    all_kept = train_step(draft, tiny_target, stored, dataclasses.replace(cfg, teacher_top_k=8), torch.Generator().manual_seed(3))
+    full = train_step(draft, tiny_target, stored, dataclasses.replace(cfg, teacher_top_k=None), torch.Generator().manual_seed(3))
+    torch.testing.assert_close(full.loss, all_kept.loss)
 
 
 def test_soft_labels_outside_a_reduced_vocabulary_are_dropped_and_renormalised(tiny_hf, tiny_target):

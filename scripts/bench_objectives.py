@@ -33,6 +33,12 @@ VARIANTS = [
     ("muon", "3. Muon for the matrices (muon_lr 2e-2, Newton-Schulz in float32)", ["optim=muon", "optim.lr=2e-3"]),
     ("soft_labels", "4. soft labels: CE + KL to the target's top-32", ["train.kl_weight=1.0"]),
     ("feature_noise", "5. Gaussian noise on the features (std 0.5)", ["train.feature_noise_std=0.5"]),
+    # The D-PACE normalisations (losses.LOSS_NORMALIZATIONS): what the weighted sum is divided by.
+    ("dpace_by_weights", "6a. D-PACE, divided by the sum of its weights",
+     ["train.position_weighting=dpace", "train.loss_normalization=weights"]),
+    ("dpace_by_blocks", "6b. D-PACE, divided by the blocks", ["train.position_weighting=dpace", "train.loss_normalization=blocks"]),
+    ("dpace_by_tokens", "6c. D-PACE, divided by the supervised slots",
+     ["train.position_weighting=dpace", "train.loss_normalization=tokens"]),
 ]
 BASE = ["draft.draft_vocab_size=8192", "draft.train_mask_embedding=false", "train.position_weighting=decay",
         "train.kl_weight=0.0", "train.feature_noise_std=0.0"]
@@ -40,8 +46,9 @@ ENV = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def run_variant(args, name: str, overrides: List[str]) -> dict:
-    run_dir = Path(args.out) / name
+    run_dir = Path(args.out) / result_key(name, args.seed)
     argv = [sys.executable, "-m", "blockdraft.train", f"experiment={EXPERIMENT}", f"run_dir={run_dir}", "overwrite=true",
+            f"seed={args.seed}",
             f"data.features={args.store}", f"data.train={args.train_rows}", f"data.val={args.val_rows}",
             f"train.max_steps={args.steps}", "train.val_every=0", "train.save_every=0", "train.progress=false",
             *args.base, *overrides]
@@ -59,16 +66,21 @@ def run_variant(args, name: str, overrides: List[str]) -> dict:
             "wall_s": time.perf_counter() - began}
 
 
+def result_key(name: str, seed: int) -> str:
+    # Seed 0 keeps the plain name, so the rows measured before seeds were recorded stay where they were.
+    return name if seed == 0 else f"{name}@{seed}"
+
+
 def section(results: dict, args) -> str:
-    lines = ["| option | overrides | held-out accept_len | acc slot 1 / 2 / 3 | first-window loss | step (s) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| option | overrides | seed | held-out accept_len | acc slot 1 / 2 / 3 | first-window loss | step (s) |",
+             "|---|---|---|---|---|---|---|"]
     for name, what, overrides in VARIANTS:
-        if name not in results:
-            continue
-        r = results[name]
-        acc = " / ".join(f"{a:.3f}" for a in r["val_acc"])
-        lines.append(f"| {what} | `{' '.join(overrides) or '-'}` | {r['val_accept_len']:.3f} | {acc} | "
-                     f"{r['first_loss']:.2f} | {r['step_time_s']:.3f} |")
+        for key in sorted(k for k in results if k == name or k.startswith(name + "@")):
+            r = results[key]
+            seed = key.partition("@")[2] or "0"
+            acc = " / ".join(f"{a:.3f}" for a in r["val_acc"])
+            lines.append(f"| {what} | `{' '.join(overrides) or '-'}` | {seed} | {r['val_accept_len']:.3f} | {acc} | "
+                         f"{r['first_loss']:.2f} | {r['step_time_s']:.3f} |")
     setting = (f"Base: `experiment={EXPERIMENT} {' '.join(args.base)}`, {args.steps} steps of one row from the feature "
                f"store `{args.store}` (the demo's 1000 regenerated rows, float16), validated once at the end on the "
                "48 held-out rows (accept_len: 1 + the run of correct drafted slots, as vLLM counts a round, over the "
@@ -88,17 +100,20 @@ def main() -> None:
     parser.add_argument("--base", nargs="*", default=BASE, help="overrides every run shares")
     parser.add_argument("--only", nargs="*", default=None, help="run only these variants")
     parser.add_argument("--out", default=".cache/bench/objectives")
+    parser.add_argument("--section", default="objectives", help="the docs/benchmarks.md section the table goes to")
+    parser.add_argument("--title", default="Objectives and inputs: held-out accept_len after the same budget (SmolLM2-135M)")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed (anchors, data order, initial weights)")
     args = parser.parse_args()
     results_path = Path(args.out) / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for name, _, overrides in VARIANTS:
         if args.only is None or name in args.only:
-            results[name] = run_variant(args, name, overrides)
+            key = result_key(name, args.seed)
+            results[key] = run_variant(args, name, overrides)
             results_path.parent.mkdir(parents=True, exist_ok=True)
             results_path.write_text(json.dumps(results, indent=2) + "\n")
-            print(name, results[name], flush=True)
-    doc = write_section("objectives", "Objectives and inputs: held-out accept_len after the same budget (SmolLM2-135M)",
-                        section(results, args))
+            print(key, results[key], flush=True)
+    doc = write_section(args.section, args.title, section(results, args))
     print(f"wrote {doc}")
 
 

@@ -6,9 +6,11 @@ enforcing --max-model-len when given) and, when started with --speculative-confi
 drafts in /metrics as vLLM does. Environment knobs pick the behaviour under test:
 
     FAKE_DIR             where it records "<pid> <child pid>" (pids), its argv (argv, one JSON
-                         line per start) and the moments it died (died) or got busy (busy)
+                         line per start), the moments it died (died) or got busy (busy), and
+                         each SIGTERM it ignored (sigterm)
     FAKE_MODE            serve (default) | crash (exits 3 at start) | hang (never healthy) |
                          stubborn (ignores SIGTERM and never gets healthy)
+    FAKE_STUCK=1         serves, but ignores SIGTERM as a stuck server does: only SIGKILL ends it
     FAKE_FLIP=1          with the draft: token 3 of even-length prompts becomes the runner-up
     FAKE_DIE_AFTER_<BASELINE|DRAFT>=N   exits mid-request after N requests
     FAKE_SLOW_S=S        each completion takes S seconds
@@ -45,8 +47,12 @@ print("fake vLLM starting", flush=True)
 if mode == "crash":
     print("fake vLLM: cannot load the model", flush=True)
     sys.exit(3)
-if mode == "stubborn":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def ignore_sigterm(*_):
+    if record_dir:  # so that a test knows the harness is stopping it
+        open(record_dir + "/sigterm", "a").close()
+
+if mode == "stubborn" or env.get("FAKE_STUCK") == "1":
+    signal.signal(signal.SIGTERM, ignore_sigterm)
 if mode in ("hang", "stubborn"):
     time.sleep(600)  # never answers /health
 flip = phase == "DRAFT" and env.get("FAKE_FLIP") == "1"

@@ -158,15 +158,22 @@ class VllmServer:
 
     # --- stop -----------------------------------------------------------------------
     def stop(self) -> None:
-        """SIGTERM the whole process group, SIGKILL what is left after the grace period."""
+        """SIGTERM the whole process group, SIGKILL what is left after the grace period, or at
+        once when Ctrl-C comes again during it."""
         if self.process is None:
             return
-        group = self.process.pid  # a session leader's pid is its process group id
+        process, self.process = self.process, None
+        group = process.pid  # a session leader's pid is its process group id
         _signal_group(group, signal.SIGTERM)
-        if not _wait_group_gone(self.process, group, self.grace_s):
-            _signal_group(group, signal.SIGKILL)
-            _wait_group_gone(self.process, group, 10.0)
-        self.process = None
+        try:
+            gone = _wait_group_gone(process, group, self.grace_s)
+        except KeyboardInterrupt:
+            # A second Ctrl-C while a stuck server ignores the SIGTERM: the user will not wait out
+            # the grace period, and leaving now would leave the server running.
+            _kill_group(process, group)
+            raise
+        if not gone:
+            _kill_group(process, group)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -205,6 +212,11 @@ def _signal_group(group: int, sig: int) -> None:
         os.killpg(group, sig)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
+
+
+def _kill_group(process: subprocess.Popen, group: int) -> None:
+    _signal_group(group, signal.SIGKILL)
+    _wait_group_gone(process, group, 10.0)
 
 
 def _wait_group_gone(process: subprocess.Popen, group: int, timeout: float) -> bool:

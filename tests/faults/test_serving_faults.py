@@ -1,6 +1,7 @@
 """Serving faults: a taken port, a server that dies mid-run or never comes up, a prompt over
-the server's limit, Ctrl-C and SIGTERM mid-run. Every one ends with a report (marked
-incomplete when the run stopped) and with no server process left.
+the server's limit, Ctrl-C and SIGTERM mid-run, Ctrl-C again on a server ignoring SIGTERM.
+Every one ends with a report (marked incomplete when the run stopped) and with no server
+process left.
 
 A fake vLLM stands in (the same command line, a child process like vLLM's engine core,
 /health, the completions API enforcing --max-model-len, /metrics), so each fault costs
@@ -41,6 +42,10 @@ from blockdraft.vllm_runtime.probe import VllmInfo
 
 info = VllmInfo(**json.loads(sys.argv[2]))
 harness.plan_serving = lambda cfg: plan_serving(cfg, probe=lambda *_: info)
+# Ctrl-C raises KeyboardInterrupt, as in a command run from a terminal. A suite started as a
+# background job of a non-interactive shell (as CI may start it) has SIGINT ignored; an ignored
+# signal is inherited, Python leaves it ignored, and the "Ctrl-C" would never reach the harness.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGTERM, terminate_as_interrupt)
 try:
     harness.run(ServeConfig(**json.loads(sys.argv[1])))
@@ -56,7 +61,8 @@ def target(tmp_path_factory):
 
 @pytest.fixture
 def fake(tmp_path, target, monkeypatch):
-    """(config for a fake-vLLM run, the fake's directory of pids and argv)."""
+    """(config for a fake-vLLM run, the fake's directory of pids and argv). A fake server that a
+    failing test leaves running is killed after it: it must not disturb the tests that follow."""
     fake_dir = tmp_path / "fake"
     fake_dir.mkdir()
     script = write_fake_python(fake_dir / "python")
@@ -65,7 +71,12 @@ def fake(tmp_path, target, monkeypatch):
     monkeypatch.setenv("FAKE_DIR", str(fake_dir))
     cfg = ServeConfig(draft_dir=str(draft), target_dir=str(target), vllm_python=str(script), out=str(tmp_path / "out"),
                       num_prompts=4, max_tokens=16, startup_timeout_s=60)
-    return cfg, fake_dir
+    yield cfg, fake_dir
+    for pid in left_running(started_pids(fake_dir)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # it exited meanwhile
+            pass
 
 
 def left_running(pids) -> list:
@@ -176,43 +187,97 @@ def test_a_prompt_over_the_servers_limit_is_skipped_and_reported(fake, rep, tmp_
 
 
 INTERRUPTS = {"Ctrl-C during a run": (signal.SIGINT, True), "SIGTERM to the serve command during a run": (signal.SIGTERM, False)}
+SLOW_REPLY_S = 60  # the fake's reply to every request: an interrupt always finds one in flight
+# The fake, as vLLM, exits on SIGTERM at once: a harness that stops its servers on the signal
+# ends within about 2 s of it. One that waited for the reply in flight, or out the 20 s grace
+# period before SIGKILL, fails.
+STOP_S = 15
+
+
+@pytest.fixture
+def driver(fake):
+    """start(**fake_env) -> (the harness in a child, as blockdraft.serve runs it, its output file),
+    returned once a request is in flight. A harness that a failing test leaves running is killed after it."""
+    cfg, fake_dir = fake
+    started = []
+
+    def start(**fake_env):
+        env = {**os.environ, "FAKE_SLOW_S": str(SLOW_REPLY_S), "PYTHONPATH": str(REPO), **fake_env}
+        fields = {k: getattr(cfg, k) for k in ("draft_dir", "target_dir", "vllm_python", "out", "num_prompts", "max_tokens", "startup_timeout_s")}
+        log = Path(cfg.out).parent / "harness.log"
+        with open(log, "wb") as out:  # a file, not a pipe that could fill while nobody reads it
+            proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fields), json.dumps(INFO_FIELDS)], cwd=REPO,
+                                    env=env, stdout=out, stderr=subprocess.STDOUT)
+        started.append(proc)
+        wait_for(fake_dir / "busy", proc, log, 120)
+        return proc, log
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {path.name} within {timeout_s} s: {tail(log)}"
+        time.sleep(0.05)
+
+
+def tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-1500:]
+
+
+def exit_within(proc: subprocess.Popen, log: Path, began: float, seconds: float) -> int:
+    """The harness's exit status, failing the test if it is still running `seconds` after `began`."""
+    try:
+        return proc.wait(max(0.0, began + seconds - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the harness was still running {seconds} s after the signal: {tail(log)}")
+
+
+def interrupted_run_problems(cfg, fake_dir: Path, code: int, log: Path) -> list:
+    """What an interrupted run must leave: exit 130, a report saying so, no server process."""
+    problems = processes_check(fake_dir)
+    report = report_of(cfg) if (Path(cfg.out) / "report.json").exists() else None
+    if code != 130:
+        problems.append(f"exit {code}, not 130: {tail(log)}")
+    if report is None:
+        problems.append(f"no report written: {tail(log)}")
+    elif not report["incomplete"] or "interrupted" not in (report["error"] or ""):
+        problems.append(f"the report does not say the run was interrupted: {report['error']!r}")
+    return problems
 
 
 @pytest.mark.parametrize("fault", [pytest.param(k, id=v[0].name, marks=[] if v[1] else [pytest.mark.slow]) for k, v in INTERRUPTS.items()])
-def test_an_interrupted_run_stops_its_servers(fault, fake, rep, record):
+def test_an_interrupted_run_stops_its_servers(fault, fake, driver, rep, record):
     cfg, fake_dir = fake
-    env = {**os.environ, "FAKE_SLOW_S": "60", "PYTHONPATH": str(REPO)}
-    fields = {k: getattr(cfg, k) for k in ("draft_dir", "target_dir", "vllm_python", "out", "num_prompts", "max_tokens", "startup_timeout_s")}
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fields), json.dumps(INFO_FIELDS)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while not (fake_dir / "busy").exists():  # a request is in flight: the moment to interrupt
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-3000:]
-        time.sleep(0.05)
+    proc, log = driver()
     began = time.monotonic()
     proc.send_signal(INTERRUPTS[fault][0])  # Ctrl-C reaches the harness; the server has its own session
-    try:
-        code = proc.wait(300)
-    except subprocess.TimeoutExpired:
-        # Fail this case alone: leave no harness or fake server behind for the tests that follow.
-        proc.kill()
-        proc.wait()
-        problems = [f"the harness was still running 300 s after the signal: {proc.stdout.read().decode()[-1500:]}"]
-        for pid in left_running(started_pids(fake_dir)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # it exited meanwhile
-                pass
-        pytest.fail("\n".join(problems))
+    code = exit_within(proc, log, began, STOP_S)
     seconds = time.monotonic() - began
-    problems = processes_check(fake_dir)
-    report = report_of(cfg) if (Path(cfg.out) / "report.json").exists() else {}
-    if code != 130:
-        problems.append(f"exit {code}, not 130: {proc.stdout.read().decode()[-1500:]}")
-    if not report.get("incomplete") or "interrupted" not in (report.get("error") or ""):
-        problems.append(f"no incomplete report saying it was interrupted: {report.get('error')!r}")
+    problems = interrupted_run_problems(cfg, fake_dir, code, log)
     record(fault, "report marked incomplete (interrupted); every server process stopped", problems, seconds,
            "the harness stops the server group, writes the report, exits 130")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_ctrl_c_again_kills_a_stuck_server_at_once(fake, driver, rep, record):
+    cfg, fake_dir = fake
+    proc, log = driver(FAKE_STUCK="1")
+    proc.send_signal(signal.SIGINT)
+    wait_for(fake_dir / "sigterm", proc, log, STOP_S)  # the server ignored it: the harness is in the grace period
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    # Well inside the 20 s grace period: the second Ctrl-C must cut it short, not wait it out.
+    code = exit_within(proc, log, began, 10)
+    seconds = time.monotonic() - began
+    problems = interrupted_run_problems(cfg, fake_dir, code, log)
+    record("Ctrl-C again while a stuck server ignores SIGTERM", "report marked incomplete (interrupted); the server killed",
+           problems, seconds, "the harness SIGKILLs the server group at once, writes the report, exits 130")
     assert not problems, "\n".join(problems)
 
 

@@ -44,7 +44,7 @@ class LoopConfig:
     """Weight of the forward KL against the target's own next-token distribution (0 = off)."""
     teacher_top_k: Optional[int] = 32
     """The target's distribution is truncated to its k most likely tokens and renormalised; null or 0 = the
-    full distribution (online only: a feature store keeps a top-k), computed in loss_chunk_size chunks."""
+    full distribution online, computed in loss_chunk_size chunks (from a feature store: the top-k it kept)."""
     kl_temperature: float = 1.0
     """Temperature of both distributions in the KL (the KL is scaled by T^2)."""
     prefix_weight_base: float = 0.5

@@ -37,7 +37,11 @@ def slot_weights(offset: Tensor, gamma: Optional[float]) -> Tensor:
 
 def weighted_mean(values: Tensor, weights: Tensor) -> Tensor:
     """sum(w * v) / sum(w); 0, still on `values`' graph, when sum(w) is 0."""
-    total = weights.sum()
+    return _weighted_sum_over(values, weights, weights.sum())
+
+
+def _weighted_sum_over(values: Tensor, weights: Tensor, total: Tensor) -> Tensor:
+    """sum(w * v) / total; 0, still on `values`' graph, when total is 0."""
     # A safe denominator instead of a where() over a division: the unused branch of
     # where() would still send 0 * inf = NaN gradients back.
     safe_total = torch.where(total > 0, total, torch.ones_like(total))
@@ -68,15 +72,14 @@ def normalized_loss(values: Tensor, weights: Tensor, block_ids: Tensor, mode: st
     `values`' graph, when nothing counts."""
     check_loss_normalization(mode)
     weights = weights.float()
-    if mode == "weights":
-        return weighted_mean(values, weights)
     counted = weights > 0
-    if mode == "tokens":
+    if mode == "weights":
+        total = weights.sum()
+    elif mode == "tokens":
         total = counted.sum().float()
     else:
-        total = torch.unique(block_ids[counted]).numel() * torch.ones((), device=values.device)
-    safe_total = torch.where(total > 0, total, torch.ones_like(total))
-    return (weights * values).sum() / safe_total
+        total = torch.tensor(float(torch.unique(block_ids[counted]).numel()), device=values.device)
+    return _weighted_sum_over(values, weights, total)
 
 
 def block_cross_entropy(logits: Tensor, labels: Tensor, weights: Tensor) -> Tensor:

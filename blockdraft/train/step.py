@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from blockdraft import faults
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
 from blockdraft.train.features import batch_features, batch_features_and_final
-from blockdraft import faults
 from blockdraft.train.losses import (
     chunked_cross_entropy_rows,
     chunked_forward_kl_rows,

@@ -139,22 +139,27 @@ def test_chunked_dflash2_step_equals_unchunked(tiny_hf, tiny_target):
         torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6)
 
 
+def _each_reduced_slot(draft, target, batch, blocks):
+    """(row, block, slot, logits [V_draft]) of each supervised slot of a reduced draft, its block run alone."""
+    for row, j, hidden in _each_block(draft, target, batch, blocks):
+        logits = hidden[0] @ draft.lm_head.weight.T  # [B, V_draft]
+        for k in range(1, draft.config.block_size):
+            if blocks.label_mask[row, j, k]:
+                yield row, j, k, logits[k]
+
+
 def _naive_reduced_loss(draft, target, batch, cfg, blocks):
     """Per block, CE over the draft's own vocabulary; labels outside it are left out."""
     vocab = draft.draft_token_ids().tolist()
     total, weight, outside = 0.0, 0.0, 0
-    for row, j, hidden in _each_block(draft, target, batch, blocks):
-        logits = hidden[0] @ draft.lm_head.weight.T  # [B, V_draft]
-        for k in range(1, draft.config.block_size):
-            if not blocks.label_mask[row, j, k]:
-                continue
-            label = int(blocks.labels[row, j, k])
-            if label not in vocab:
-                outside += 1
-                continue
-            w = float(slot_weights(blocks.slot_weights_offset[row, j, k], cfg.gamma))
-            total = total + w * torch.nn.functional.cross_entropy(logits[k], torch.tensor(vocab.index(label)))
-            weight += w
+    for row, j, k, logits in _each_reduced_slot(draft, target, batch, blocks):
+        label = int(blocks.labels[row, j, k])
+        if label not in vocab:
+            outside += 1
+            continue
+        w = float(slot_weights(blocks.slot_weights_offset[row, j, k], cfg.gamma))
+        total = total + w * torch.nn.functional.cross_entropy(logits, torch.tensor(vocab.index(label)))
+        weight += w
     return total / weight, outside
 
 
@@ -306,17 +311,13 @@ def test_a_slot_whose_teacher_lies_outside_the_vocabulary_is_left_out_with_finit
     draft.zero_grad(set_to_none=True)
     target_logits = tiny_target.model(input_ids=batch["input_ids"]).logits  # [N, T, V]
     total, taught, untaught = 0.0, 0, 0
-    for row, j, hidden in _each_block(draft, tiny_target, batch, blocks):
-        logits = hidden[0] @ draft.lm_head.weight.T  # [B, V_draft]
-        for k in range(1, draft.config.block_size):
-            if not blocks.label_mask[row, j, k]:
-                continue
-            best = int(target_logits[row, int(blocks.anchors[row, j]) + k - 1].argmax())
-            if best % 2:
-                untaught += 1
-                continue
-            total = total - torch.log_softmax(logits[k], -1)[best // 2]  # KL to a one-hot teacher
-            taught += 1
+    for row, j, k, logits in _each_reduced_slot(draft, tiny_target, batch, blocks):
+        best = int(target_logits[row, int(blocks.anchors[row, j]) + k - 1].argmax())
+        if best % 2:
+            untaught += 1
+            continue
+        total = total - torch.log_softmax(logits, -1)[best // 2]  # KL to a one-hot teacher
+        taught += 1
     assert taught > 0 and untaught > 0
     want = total / taught
     want.backward()

@@ -32,8 +32,9 @@ class SamplingSpec:
     temperature: float = 0.0
     """0 = greedy: output must then be token-identical to the target's."""
     top_p: float = 1.0
-    top_k: int = 0
-    """0 = no top-k truncation."""
+    top_k: Optional[int] = 0
+    """0 = no top-k truncation; null (the default sampled setting's) = 20 where the engine can verify drafts
+    with a top-k, none on a CPU vLLM (whose rejection sampler cannot take one), said in the table."""
 
 
 @dataclass
@@ -55,7 +56,7 @@ class EvalAppConfig:
     settings: List[str] = field(default_factory=lambda: ["greedy", "sampled"])
     """Names from `sampling`."""
     sampling: Dict[str, Any] = field(default_factory=lambda: {
-        "greedy": {"temperature": 0.0}, "sampled": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}})
+        "greedy": {"temperature": 0.0}, "sampled": {"temperature": 1.0, "top_p": 0.95, "top_k": None}})
     concurrency: List[int] = field(default_factory=lambda: [1])
     """Requests in flight at once; a draft's speedup shrinks as the batch grows."""
     seed: int = 0
@@ -133,7 +134,7 @@ class EvalAppConfig:
             self.options(name)
         for name in self.sampling:
             spec = self.spec(name)
-            if spec.temperature < 0 or not 0 < spec.top_p <= 1 or spec.top_k < 0:
+            if spec.temperature < 0 or not 0 < spec.top_p <= 1 or (spec.top_k or 0) < 0:
                 raise ConfigError(f"sampling.{name}={spec}: use temperature >= 0, 0 < top_p <= 1, top_k >= 0.")
         if not self.concurrency or any(c < 1 for c in self.concurrency) or len(set(self.concurrency)) != len(self.concurrency):
             raise ConfigError(f"concurrency={list(self.concurrency)}: give distinct values of 1 or more, e.g. [1,4,16].")
@@ -143,18 +144,30 @@ class EvalAppConfig:
         return self
 
 
-def check_cpu_sampling(cfg: EvalAppConfig, device: str) -> None:
-    """vLLM 0.32.0 on CPU crashes a draft's sampled request that has a top-k (the rejection
-    sampler's top-k path indexes past the vocabulary, or reduces an empty tensor); top-p alone works."""
-    if device != "cpu":
-        return
-    broken = [s for s in cfg.settings if cfg.spec(s).temperature > 0 and cfg.spec(s).top_k > 0]
+DEFAULT_TOP_K = 20  # Qwen3's recommended sampling (temperature 1, top-p 0.95, top-k 20)
+
+
+def settle_top_k(cfg: EvalAppConfig, device: str, vllm: bool) -> List[str]:
+    """A setting's top_k left null becomes 20, or none on a CPU vLLM; an explicit top-k there is refused
+    (vLLM 0.32.0 on CPU crashes a draft's sampled request that has one: the rejection sampler's top-k path
+    indexes past the vocabulary, or reduces an empty tensor; top-p alone works). Returns what was dropped."""
+    cpu_vllm = vllm and device == "cpu"
+    notes = []
+    for name in cfg.sampling:
+        spec = cfg.spec(name)
+        if spec.top_k is None:
+            cfg.sampling[name] = {**cfg.sampling[name], "top_k": 0 if cpu_vllm else DEFAULT_TOP_K}
+            if cpu_vllm and spec.temperature > 0 and name in cfg.settings:
+                notes.append(f"sampling.{name} runs without its default top-k {DEFAULT_TOP_K}: vLLM on CPU cannot "
+                             "verify drafts with a top-k (top-p alone works)")
+    broken = [s for s in cfg.settings if cpu_vllm and cfg.spec(s).temperature > 0 and cfg.spec(s).top_k > 0]
     if broken:
         fixes = " ".join(f"sampling.{s}.top_k=0" for s in broken)
         raise ConfigError(
             f"settings {broken} sample with a top-k, which vLLM on CPU cannot verify drafts with (its rejection "
-            f"sampler fails on the top-k path and the server dies). On a CPU vLLM drop the top-k ({fixes}): "
-            "top-p alone works; on a GPU the default setting runs as it is.")
+            f"sampler fails on the top-k path and the server dies). On a CPU vLLM drop the top-k ({fixes}) or "
+            "leave it null (the default): top-p alone works; on a GPU a top-k runs as it is.")
+    return notes
 
 
 def _typed(schema, values, where: str):

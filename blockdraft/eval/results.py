@@ -82,6 +82,7 @@ def build(evaluation) -> dict:
         "complete": len(results) == expected,
         "not_run": not_run,
         "sampled_note": SAMPLED_NOTE,
+        "sampling_notes": list(getattr(evaluation, "sampling_notes", [])),
         "environment": {"vllm_version": plan.vllm.version, "device": plan.device, "machine": platform.machine(),
                         "processor": platform.processor() or None, "python": platform.python_version()},
         "this_run_timings_s": evaluation.timings,
@@ -116,6 +117,7 @@ def markdown(report: dict) -> str:
     lines += ["", "Cells: mean acceptance length / speedup over the target alone (tokens/s ratio).",
               f"Training's last validation accept_len: {', '.join(training)}.",
               f"Sampled cells: {SAMPLED_NOTE}."]
+    lines += [f"{note[0].upper()}{note[1:]}." for note in report.get("sampling_notes", [])]
     if report["not_run"]:
         lines.append("Not run: " + "; ".join(report["not_run"]) + ".")
     if not report["complete"]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from blockdraft.eval.cells import BASELINE, Cell, CellKey, CellStore, directory_fingerprint, identity
-from blockdraft.eval.config import EvalAppConfig, check_cpu_sampling, draft_label
+from blockdraft.eval.config import EvalAppConfig, draft_label, settle_top_k
 from blockdraft.serve.client import RequestError, complete, complete_concurrently, read_spec_metrics
 from blockdraft.serve.harness import WARM_UP_TOKENS, server_arguments, speculative_config
 from blockdraft.serve.preflight import Plan, plan_serving
@@ -48,8 +48,11 @@ class Evaluation:
             for warning in plan.warnings:
                 say(f"{draft_label(directory)}: warning: {warning}")
             self.plans[draft_label(directory)] = (directory, plan)
-        if any(plan.engine == "vllm" for _, plan in self.plans.values()):
-            check_cpu_sampling(cfg, self.first_plan.device)
+        # What the table says of the sampled settings: a default top-k a CPU vLLM cannot take is dropped.
+        self.sampling_notes = settle_top_k(cfg, self.first_plan.device,
+                                           any(plan.engine == "vllm" for _, plan in self.plans.values()))
+        for note in self.sampling_notes:
+            say(note)
         self.out.mkdir(parents=True, exist_ok=True)
         self.store = CellStore(self.out)
         self.cells: Dict[CellKey, Cell] = {}

@@ -34,6 +34,9 @@ def mask_token_candidates(tokenizer, vocab_size: int, target_config=None, limit:
 
 
 def main(argv: List[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
     if not argv:
         print("usage: python -m blockdraft.models.suggest <target_dir> [num_draft_layers]", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ applied client-side), `return_token_ids` for the generated ids, and `logprobs=2`
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -19,9 +18,6 @@ from blockdraft.serve.prompts import EncodedPrompt
 
 TOP_LOGPROBS = 2  # the chosen token and its runner-up: enough to tell a near-tie
 SPEC_PREFIX = "vllm:spec_decode_"
-# Prometheus text: name{labels} value   (labels optional; counters end in _total)
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 class RequestError(RuntimeError):
@@ -186,18 +182,22 @@ def read_spec_metrics(url: str, timeout_s: float = 30.0) -> SpecMetrics:
 
 def parse_spec_metrics(text: str) -> SpecMetrics:
     """Sum the `vllm:spec_decode_*_total` counters over engines; per position by `position` label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     totals = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
     per_pos: Dict[int, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match or not match["name"].startswith(SPEC_PREFIX) or not match["name"].endswith("_total"):
+    try:
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError as err:
+        raise RequestError(f"the server's /metrics is not Prometheus text ({err})") from None
+    for sample in samples:
+        if not sample.name.startswith(SPEC_PREFIX) or not sample.name.endswith("_total"):
             continue
-        name = match["name"][len(SPEC_PREFIX) : -len("_total")]
-        value = float(match["value"])
+        name = sample.name[len(SPEC_PREFIX) : -len("_total")]
         if name == "num_accepted_tokens_per_pos":
-            position = int(dict(_LABEL.findall(match["labels"] or ""))["position"])
-            per_pos[position] = per_pos.get(position, 0.0) + value
+            position = int(sample.labels["position"])
+            per_pos[position] = per_pos.get(position, 0.0) + sample.value
         elif name in totals:
-            totals[name] += value
+            totals[name] += sample.value
     positions = [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)] if per_pos else []
     return SpecMetrics(totals["num_drafts"], totals["num_draft_tokens"], totals["num_accepted_tokens"], positions)

@@ -242,6 +242,9 @@ def say(message: str) -> None:
 def main(argv: List[str]) -> int:
     from blockdraft.serve.cli import USER_ERRORS
 
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
     try:
         cfg = parse_arguments(argv)
         verdict = run_gate(cfg)

@@ -20,6 +20,8 @@ from blockdraft.errors import ConfigError
 from blockdraft.serve.prompts import encode_prompts, iter_prompts
 from blockdraft.serve.verdict import first_difference
 
+# A memorised prefix shorter than this says too little: a few blocks, each accepted or not by chance.
+MIN_REPLY_TOKENS = 16
 RESPONSE_NAME = "response.json"
 DATA_NAME = "data.jsonl"
 PROMPT_NAME = "prompt.jsonl"
@@ -31,6 +33,8 @@ class Sample:
     prompt_ids: List[int]
     reply_ids: List[int]
     reply_text: str
+    generated_tokens: int = 0
+    """The reply's length as generated; reply_ids is its longest prefix that round-trips through the tokenizer."""
 
     def messages(self) -> list:
         return [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": self.reply_text}]
@@ -49,8 +53,7 @@ def make_sample(prompt: str, target_dir: Path, max_tokens: int, out: Path) -> Sa
     prompt_ids = encoded[0].token_ids
     model = load_causal_lm(str(target_dir), dtype=torch.float32).eval()
     reply_ids = greedy_reply(model, prompt_ids, max_tokens, eos_ids(model, tokenizer))
-    sample = Sample(prompt, prompt_ids, reply_ids, tokenizer.decode(reply_ids, skip_special_tokens=True))
-    check_round_trip(sample, tokenizer)
+    sample = round_trip_prefix(prompt, prompt_ids, reply_ids, tokenizer)
     (out / DATA_NAME).write_text(json.dumps({"messages": sample.messages()}) + "\n")
     (out / RESPONSE_NAME).write_text(json.dumps(asdict(sample), indent=2) + "\n")
     return sample
@@ -72,15 +75,38 @@ def greedy_reply(model, prompt_ids: List[int], max_tokens: int, eos: set) -> Lis
     return generated if end is None else generated[: end + 1]
 
 
-def check_round_trip(sample: Sample, tokenizer) -> None:
-    """The training row must tokenise to the prompt ids followed by the reply ids, or the draft
-    memorises tokens serving never shows it (a mismatch of the sample, not of the draft)."""
-    row = tokenize_row(sample.messages(), tokenizer, seq_length=10**9)
-    want = sample.prompt_ids + sample.reply_ids
-    got = [] if isinstance(row, RowRejected) else row.input_ids[: len(want)]
-    if got != want:
-        detail = row.detail if isinstance(row, RowRejected) else f"they differ from token {first_difference(got, want)}"
-        raise ConfigError(
-            f"the target's reply to prompt={sample.prompt!r} does not round-trip through its tokenizer and chat "
-            f"template ({detail}), so it cannot be the gate's training row; pick another prompt= or fewer max_tokens=."
-        )
+def round_trip_prefix(prompt: str, prompt_ids: List[int], reply_ids: List[int], tokenizer) -> Sample:
+    """The longest prefix of the reply whose training row tokenises to the prompt ids followed by that
+    prefix's ids: a row that does not would teach the draft tokens serving never shows it (a mismatch of
+    the sample, not of the draft). Decoded text can re-tokenise differently from where a reply goes
+    on (a byte-level piece, a merge across words), so the prefix ends before the first difference."""
+    def sample_of(n: int) -> Sample:
+        ids = reply_ids[:n]
+        return Sample(prompt, prompt_ids, ids, tokenizer.decode(ids, skip_special_tokens=True), len(reply_ids))
+
+    def differs(sample: Sample):
+        """None when the row round-trips, else (first differing reply position or None, why)."""
+        row = tokenize_row(sample.messages(), tokenizer, seq_length=10**9)
+        want = sample.prompt_ids + sample.reply_ids
+        if isinstance(row, RowRejected):
+            return None, row.detail
+        at = first_difference(row.input_ids[: len(want)], want)
+        return None if at is None else (at - len(prompt_ids), f"they differ from token {at}")
+
+    full = sample_of(len(reply_ids))
+    found = differs(full)
+    if found is None:
+        return full
+    at, why = found
+    n = len(reply_ids) - 1 if at is None else min(len(reply_ids) - 1, max(0, at))
+    while n >= MIN_REPLY_TOKENS:
+        if differs(sample_of(n)) is None:
+            print(f"[gate] the reply does not round-trip through the tokenizer and chat template ({why}); its first "
+                  f"{n} of {len(reply_ids)} tokens do: the gate trains and serves those", flush=True)
+            return sample_of(n)
+        n -= 1
+    raise ConfigError(
+        f"the target's reply to prompt={sample_of(0).prompt!r} does not round-trip through its tokenizer and chat "
+        f"template ({why}), and no prefix of {MIN_REPLY_TOKENS} tokens or more does: too short to judge a draft by. "
+        "Pick another prompt=."
+    )

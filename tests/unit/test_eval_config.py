@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 
 from blockdraft.config import compose, register_schema
 from blockdraft.errors import ConfigError
-from blockdraft.eval.config import EvalAppConfig, check_cpu_sampling
+from blockdraft.eval.config import EvalAppConfig, settle_top_k
 
 register_schema("eval_schema", EvalAppConfig)
 
@@ -16,6 +16,7 @@ def _cfg(*overrides) -> EvalAppConfig:
 
 def test_defaults_are_greedy_and_the_usual_sampled_setting():
     cfg = _cfg().validate()
+    assert settle_top_k(cfg, "cuda", vllm=True) == []
     assert cfg.sampling_of("greedy").request_fields() == {"temperature": 0.0}
     assert cfg.sampling_of("sampled").request_fields() == {"temperature": 1.0, "top_p": 0.95, "top_k": 20}
     assert cfg.options("humaneval").use_chat_template is False and cfg.options("tiny").use_chat_template is True
@@ -44,9 +45,17 @@ def test_bad_settings_are_refused_with_the_fix(overrides, needle):
     assert needle in str(err.value)
 
 
-def test_sampling_with_a_top_k_is_refused_on_a_cpu_vllm_with_the_fix():
+def test_on_a_cpu_vllm_the_default_sampled_setting_drops_its_top_k_and_says_so():
     cfg = _cfg().validate()
+    notes = settle_top_k(cfg, "cpu", vllm=True)
+    assert len(notes) == 1 and "sampling.sampled" in notes[0] and "top-k 20" in notes[0]
+    assert cfg.sampling_of("sampled").request_fields() == {"temperature": 1.0, "top_p": 0.95, "top_k": -1}
+    reference = _cfg().validate()  # the reference engine on a CPU verifies a top-k: it keeps it
+    assert settle_top_k(reference, "cpu", vllm=False) == [] and reference.spec("sampled").top_k == 20
+
+
+def test_an_explicit_top_k_is_still_refused_on_a_cpu_vllm_with_the_fix():
     with pytest.raises(ConfigError, match=r"settings \['sampled'\].*sampling.sampled.top_k=0"):
-        check_cpu_sampling(cfg, "cpu")
-    check_cpu_sampling(cfg, "cuda")  # the default runs on a GPU vLLM
-    check_cpu_sampling(_cfg("sampling.sampled.top_k=0").validate(), "cpu")
+        settle_top_k(_cfg("sampling.sampled.top_k=20").validate(), "cpu", vllm=True)
+    assert settle_top_k(_cfg("sampling.sampled.top_k=20").validate(), "cuda", vllm=True) == []  # a GPU vLLM takes it
+    assert settle_top_k(_cfg("sampling.sampled.top_k=0").validate(), "cpu", vllm=True) == []

@@ -1,0 +1,109 @@
+"""`python -m blockdraft.pipeline` (`blockdraft pipeline`): from a target to a draft proven in vLLM.
+
+    blockdraft pipeline target=<HF dir> out=<dir> [prompts=sharegpt|tiny|<rows>] [experiment=<recipe>]
+        [gate=true] [store=auto|true|false] [force=[train,serve]] [<stage>.<key>=value ...]
+
+regen    the target answers the prompts (vLLM where it can): <out>/regen/{train,heldout}.jsonl
+capture  the target's features of those rows, once (when training uses a feature store)
+train    the recipe on the regenerated rows (torchrun when train.nproc or train.nnodes > 1)
+export   the last checkpoint as a vLLM draft directory (float32 on a CPU, where vLLM serves fp32)
+gate     (gate=true) the one-sample gate: does serving compute what training computed?
+serve    the smoke-serve check on the held-out prompts: lossless, draft active, acceptance, speedup
+
+Overrides: regen.*, capture.*, export.*, gate.*, serve.* are those apps' own keys (see their
+--help); train.nproc, train.nnodes, train.node_rank, train.rdzv_endpoint go to torchrun; every
+other key (train.*, draft.*, optim.*, data.*, draft=<kind>, optim=muon, ...) is a training
+override given unchanged to the capture and to training. A key no stage knows is refused before
+any work. Each stage's record is in <out>/stages.json: a rerun prints `cached` for a stage whose
+inputs did not change and reruns only what a changed setting affects; an interrupted stage
+resumes. On several nodes, run the same command on each with its train.node_rank: node 0 runs
+every stage, the others wait for its rows on the shared file system and join training.
+
+Exit status: 0 the serve check passed; 1 it failed or a stage failed (the message says which);
+2 refused before any work; 130 interrupted (rerun the same command to resume).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from blockdraft.errors import ConfigError
+from blockdraft.pipeline import commands
+from blockdraft.pipeline.records import StageRecords
+from blockdraft.pipeline.runner import Stage, StageFailed, pipeline_stages, run_stages, say, summarize
+from blockdraft.pipeline.settings import PipelineSettings, check_settings, parse_overrides
+
+
+def prepare(s: PipelineSettings) -> dict:
+    """Every check that needs no work: the pipeline's keys, then each stage app composed with its overrides."""
+    # Stages run as commands from the repository and compose configs in this process: absolute paths mean the same to both.
+    s.target = str(Path(s.target).absolute()) if s.target else s.target
+    s.out = str(Path(s.out).absolute()) if s.out else s.out
+    check_settings(s)
+    return commands.composed(s)
+
+
+def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> int:
+    """`before`: a preset's own stages, run first (the demo prepares its target, which the checks then read).
+    Their results reach the later stages' keys through what those read (the target's config)."""
+    began = time.perf_counter()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    s.out = str(Path(s.out).absolute()) if s.out else s.out
+    if not s.out:
+        check_settings(s)  # says what is missing
+    records = StageRecords(s.root / "stages.json")
+    spent = run_stages(before or [], records, s.force)
+    cfgs = prepare(s)
+    stages = pipeline_stages(s, cfgs)
+    if s.node_rank > 0:
+        run_stages([st for st in stages if st.name in ("regen", "capture", "train")], records, s.force,
+                   awaited=("regen", "capture"))
+        say(f"node {s.node_rank}: training done; node 0 exports and serves")
+        return 0
+    spent.update(run_stages(stages, records, s.force))
+    return summarize([*(before or []), *stages], records, spent, time.perf_counter() - began, s.paths()["report"])
+
+
+def print_config(s: PipelineSettings) -> None:
+    """`--cfg job`: what each stage would run, composed and checked, without running anything."""
+    from omegaconf import OmegaConf
+
+    cfgs = prepare(s)
+    for stage in ("regen", "capture", "train", "export", "serve"):
+        print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, True)[1:])}")
+        print(OmegaConf.to_yaml(OmegaConf.structured(cfgs[stage])))
+    if s.gate:
+        print(f"# --- gate: {' '.join(commands.stage_argv('gate', s, True)[1:])}")
+
+
+def main(argv: List[str], base: Optional[PipelineSettings] = None, before: Optional[List[Stage]] = None,
+         doc: str = __doc__) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(doc.strip())
+        return 0
+    show_config = False
+    if "--cfg" in argv:
+        at = argv.index("--cfg")
+        if argv[at + 1:at + 2] != ["job"]:
+            print("error: --cfg takes job (what each stage would run, composed)", file=sys.stderr)
+            return 2
+        argv, show_config = argv[:at] + argv[at + 2:], True
+    try:
+        settings = parse_overrides(argv, base)
+        if show_config:
+            print_config(settings)
+            return 0
+        return run_pipeline(settings, before)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except StageFailed as err:
+        print(f"[pipeline] {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("[pipeline] interrupted; rerun the same command to resume where it stopped", file=sys.stderr)
+        return 130

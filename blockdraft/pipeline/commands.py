@@ -1,0 +1,140 @@
+"""Each stage's command (the same `python -m` app a user would run by hand), and the check that
+composes every app with its overrides before the first stage starts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List
+
+from blockdraft.errors import ConfigError
+from blockdraft.pipeline.settings import PipelineSettings
+
+
+def python() -> str:
+    return sys.executable
+
+
+def regen_prompts(prompts: str) -> str:
+    return "tiny_prompts" if prompts == "tiny" else prompts  # the serve harness's name for the same set
+
+
+def on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def regen_overrides(s: PipelineSettings) -> List[str]:
+    return [f"target_dir={s.target}", f"out={s.root / 'regen'}", f"prompts={regen_prompts(s.prompts)}", *s.regen]
+
+
+def recipe_overrides(s: PipelineSettings) -> List[str]:
+    """What the capture and training compose: the recipe, the target and the regen stage's rows, then the
+    user's overrides (a later override wins, so `data.val=null` drops the held-out validation)."""
+    p = s.paths()
+    experiment = [f"experiment={s.experiment}"] if s.experiment else []
+    return [*experiment, f"target.path={s.target}", "target.tiny=null", "prepare.regenerate_builtin=null",
+            f"data.train={p['train_rows']}", f"data.val={p['heldout_rows']}", *s.recipe]
+
+
+def capture_overrides(s: PipelineSettings) -> List[str]:
+    return [*recipe_overrides(s), *s.capture, f"out={s.paths()['store']}"]
+
+
+def train_overrides(s: PipelineSettings, use_store: bool) -> List[str]:
+    p = s.paths()
+    store = [f"data.features={p['store']}"] if use_store else []
+    return [*recipe_overrides(s), *store, f"run_dir={p['run']}", "resume=auto"]
+
+
+def export_overrides(s: PipelineSettings) -> List[str]:
+    # vLLM on a CPU serves float32; a later export.dtype= still wins.
+    dtype = "bfloat16" if on_cuda() else "float32"
+    p = s.paths()
+    return [f"checkpoint={p['run']}", f"out={p['export']}", f"target_dir={s.target}", f"dtype={dtype}", "overwrite=true",
+            *s.export]
+
+
+def gate_words(s: PipelineSettings) -> List[str]:
+    # The gate trains its own one-row draft: of the recipe, only what shapes the draft reaches it.
+    experiment = [f"experiment={s.experiment}"] if s.experiment else []
+    draft = [w for w in s.recipe if w.lstrip("+~").split("=")[0].split(".")[0] == "draft"]
+    return [f"target={s.target}", f"out={s.paths()['gate'].parent}", "overwrite=true", *experiment, *draft, *s.gate_args]
+
+
+def serve_overrides(s: PipelineSettings) -> List[str]:
+    p = s.paths()
+    return [f"draft_dir={p['export']}", f"target_dir={s.target}", f"prompts={p['heldout_rows']}",
+            f"out={p['report'].parent}", "overwrite=true", *s.serve]
+
+
+def train_argv(s: PipelineSettings, use_store: bool) -> List[str]:
+    if s.nproc == 1 and int(s.torchrun.get("nnodes", 1)) == 1:
+        return [python(), "-m", "blockdraft.train", *train_overrides(s, use_store)]
+    nnodes = int(s.torchrun.get("nnodes", 1))
+    launch = [f"--nproc_per_node={s.nproc}"]
+    if nnodes == 1:
+        launch.append("--standalone")
+    else:
+        launch += [f"--nnodes={nnodes}", f"--node_rank={s.node_rank}", "--rdzv_backend=c10d",
+                   f"--rdzv_endpoint={s.torchrun['rdzv_endpoint']}"]
+    return [python(), "-m", "torch.distributed.run", *launch, "-m", "blockdraft.train", *train_overrides(s, use_store)]
+
+
+def stage_argv(stage: str, s: PipelineSettings, use_store: bool) -> List[str]:
+    return {
+        "regen": lambda: [python(), "-m", "blockdraft.data.regen", *regen_overrides(s)],
+        "capture": lambda: [python(), "-m", "blockdraft.data.capture", *capture_overrides(s)],
+        "train": lambda: train_argv(s, use_store),
+        "export": lambda: [python(), "-m", "blockdraft.export", *export_overrides(s)],
+        "gate": lambda: [python(), "-m", "blockdraft.serve.gate", *gate_words(s)],
+        "serve": lambda: [python(), "-m", "blockdraft.serve", *serve_overrides(s)],
+    }[stage]()
+
+
+# --- composing every app before any work ---------------------------------------------------
+def composed(s: PipelineSettings, use_store: bool = True) -> dict:
+    """Each app's config as that app would compose it; a key no stage knows is refused here, by name."""
+    from omegaconf import OmegaConf
+
+    from blockdraft.config import compose, register_schema
+    from blockdraft.data.capture import CaptureAppConfig
+    from blockdraft.data.regen_app import RegenConfig
+    from blockdraft.export.config import ExportConfig
+    from blockdraft.serve.config import ServeConfig
+    from blockdraft.train.config import TrainAppConfig
+
+    for name, schema in (("train_schema", TrainAppConfig), ("capture_schema", CaptureAppConfig),
+                         ("regen_schema", RegenConfig), ("export_schema", ExportConfig), ("serve_schema", ServeConfig)):
+        register_schema(name, schema)
+    out = {}
+    for stage, app, overrides in (("regen", "regen", regen_overrides(s)), ("capture", "capture", capture_overrides(s)),
+                                  ("train", "train", train_overrides(s, use_store)), ("export", "export", export_overrides(s)),
+                                  ("serve", "serve", serve_overrides(s))):
+        try:
+            out[stage] = OmegaConf.to_object(compose(app, overrides))
+        except Exception as err:  # Hydra's and OmegaConf's errors: the message names the key
+            raise ConfigError(f"the {stage} stage refuses its overrides: {_one_line(err)}. {ROUTING}") from None
+    out["regen"].validate()
+    if s.gate:
+        from blockdraft.serve.gate import parse_arguments
+
+        out["gate"] = parse_arguments(gate_words(s))
+    return out
+
+
+ROUTING = ("The pipeline's own keys are target, out, prompts, experiment, gate, store, force; regen.*, capture.*, "
+           "export.*, gate.* and serve.* go to those stages' apps; train.nproc/nnodes/node_rank/rdzv_endpoint to "
+           "torchrun; everything else (train.*, draft.*, optim.*, data.*, ...) to the training recipe")
+
+
+def _one_line(err: Exception) -> str:
+    text = " ".join(str(err).split())
+    return text[:600]
+
+
+def target_fingerprint(target: str) -> str:
+    import hashlib
+
+    return hashlib.sha256((Path(target) / "config.json").read_bytes()).hexdigest()[:16]

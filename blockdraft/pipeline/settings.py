@@ -1,0 +1,157 @@
+"""The pipeline's command line: its own keys, and each `<stage>.<key>=value` routed to the app that owns it.
+
+Every override is checked by composing the app that takes it, before any stage runs, so a
+misspelt key is refused by name instead of failing an hour later in the stage that reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from blockdraft.errors import ConfigError
+
+STAGES = ("regen", "capture", "train", "export", "gate", "serve")
+STORE_CHOICES = ("auto", "true", "false")
+# Stage apps with their own keys (`regen.workers=8` is the regen app's `workers=8`).
+APP_PREFIXES = ("regen", "capture", "export", "gate", "serve")
+# torchrun's options, asked for as train.<key>: not keys of the training app.
+TORCHRUN_KEYS = ("nproc", "nnodes", "node_rank", "rdzv_endpoint")
+# What the pipeline sets itself: the paths that join one stage's output to the next stage's input.
+OWNED = {
+    "regen": ("target", "target_dir", "out", "prompts"),
+    "capture": ("out",),
+    "export": ("checkpoint", "out", "target_dir", "inspect"),
+    "gate": ("target", "out"),
+    "serve": ("draft", "draft_dir", "target", "target_dir", "out"),
+    "recipe": ("data.train", "data.features", "run_dir", "resume", "overwrite", "target.path", "target.tiny"),
+}
+
+
+@dataclass
+class PipelineSettings:
+    target: str = ""
+    """The target's local Hugging Face directory."""
+    out: str = ""
+    """Where every artifact of the run goes: regen/, store/, run/, export/, gate/, serve/, stages.json."""
+    prompts: str = "sharegpt"
+    """What the target answers in the regen stage: sharegpt | tiny | a JSONL/parquet/arrow file or dataset of chat rows."""
+    experiment: Optional[str] = None
+    """A training recipe of configs/experiment/ (its target's draft settings included)."""
+    gate: bool = False
+    """Run the one-sample gate before serving (minutes; it proves the serving path computes what training did)."""
+    store: str = "auto"
+    """auto (a feature store on a CPU, or when training passes over the rows more than once) | true | false."""
+    force: List[str] = field(default_factory=list)
+    """Stages rerun even when their record says they are done, e.g. force=[serve]."""
+    regen: List[str] = field(default_factory=list)
+    capture: List[str] = field(default_factory=list)
+    recipe: List[str] = field(default_factory=list)
+    """Training overrides (train.*, draft.*, optim.*, data.*, ...): given to the capture and to training."""
+    torchrun: Dict[str, str] = field(default_factory=dict)
+    export: List[str] = field(default_factory=list)
+    gate_args: List[str] = field(default_factory=list)
+    serve: List[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.out)
+
+    def paths(self) -> Dict[str, Path]:
+        r = self.root
+        return {
+            "train_rows": r / "regen" / "train.jsonl", "heldout_rows": r / "regen" / "heldout.jsonl", "store": r / "store",
+            "run": r / "run", "export": r / "export", "gate": r / "gate" / "gate.json", "report": r / "serve" / "report.json",
+            "acceptance_plot": r / "serve" / "acceptance.png",
+        }
+
+    @property
+    def nproc(self) -> int:
+        return int(self.torchrun.get("nproc", 1))
+
+    @property
+    def node_rank(self) -> int:
+        return int(self.torchrun.get("node_rank", 0))
+
+
+OWN_KEYS = ("target", "out", "prompts", "experiment", "gate", "store", "force")
+
+
+def parse_overrides(words: List[str], base: Optional[PipelineSettings] = None) -> PipelineSettings:
+    """`key=value` words onto `base` (a preset's settings; a later word wins over an earlier one)."""
+    s = base or PipelineSettings()
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{word!r} is not key=value; write e.g. target=<dir>, train.max_steps=200 or serve.num_prompts=8.")
+        bare = key.lstrip("+~")
+        head, _, rest = bare.partition(".")
+        if bare in OWN_KEYS:
+            _set_own(s, bare, value)
+        elif head == "train" and rest in TORCHRUN_KEYS:
+            _set_torchrun(s, rest, value)
+        elif head in APP_PREFIXES and rest:
+            if rest in OWNED[head]:
+                raise ConfigError(f"{key} is set by the pipeline (it joins one stage to the next); drop it.")
+            target = "gate_args" if head == "gate" else head
+            _replace(getattr(s, target), f"{key[:len(key) - len(bare)]}{rest}={value}")
+        else:
+            if bare in OWNED["recipe"]:
+                raise ConfigError(f"{key} is set by the pipeline (from target= and the regen stage's rows); drop it.")
+            _replace(s.recipe, word)
+    return s
+
+
+def _replace(overrides: List[str], word: str) -> None:
+    """A later value of a key replaces the earlier one (a preset's, say): Hydra refuses a key given twice."""
+    key = word.partition("=")[0].lstrip("+~")
+    overrides[:] = [w for w in overrides if w.partition("=")[0].lstrip("+~") != key]
+    overrides.append(word)
+
+
+def _set_own(s: PipelineSettings, key: str, value: str) -> None:
+    if key == "gate":
+        if value.lower() not in ("true", "false"):
+            raise ConfigError(f"gate={value!r}: use true (run the one-sample gate before serving) or false.")
+        s.gate = value.lower() == "true"
+    elif key == "store":
+        if value.lower() not in STORE_CHOICES:
+            raise ConfigError(f"store={value!r}: use one of {list(STORE_CHOICES)}.")
+        s.store = value.lower()
+    elif key == "force":
+        stages = [x.strip() for x in value.strip("[]").split(",") if x.strip()]
+        unknown = [x for x in stages if x not in STAGES]
+        if unknown:
+            raise ConfigError(f"force={value}: {unknown} are not stages; the stages are {list(STAGES)}.")
+        s.force = stages
+    else:
+        setattr(s, key, None if key == "experiment" and value in ("", "null") else value)
+
+
+def _set_torchrun(s: PipelineSettings, key: str, value: str) -> None:
+    if key != "rdzv_endpoint":
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"train.{key}={value!r} is not a whole number.") from None
+        if number < (0 if key == "node_rank" else 1):
+            raise ConfigError(f"train.{key}={value}: use {'0 or more' if key == 'node_rank' else '1 or more'}.")
+    s.torchrun[key] = value
+
+
+def check_settings(s: PipelineSettings) -> None:
+    """The pipeline's own keys; the stage apps' keys are checked by composing them (compose.py)."""
+    if not s.target:
+        raise ConfigError("target= is missing: pass the target's local Hugging Face directory (nothing is downloaded).")
+    if not (Path(s.target) / "config.json").is_file():
+        raise ConfigError(f"target={s.target} has no config.json; point it at the target's local Hugging Face directory.")
+    if not s.out:
+        raise ConfigError("out= is missing: pass the directory every artifact of the run goes to.")
+    if s.gate_args and not s.gate:
+        raise ConfigError(f"{['gate.' + a for a in s.gate_args]} without gate=true: add gate=true to run the gate.")
+    nnodes = int(s.torchrun.get("nnodes", 1))
+    if nnodes > 1 and "rdzv_endpoint" not in s.torchrun:
+        raise ConfigError(f"train.nnodes={nnodes}: set train.rdzv_endpoint=<host of node 0>:<port> too.")
+    if s.node_rank >= nnodes:
+        raise ConfigError(f"train.node_rank={s.node_rank} with train.nnodes={nnodes}: a node's rank is below the node count.")

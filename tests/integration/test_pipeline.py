@@ -1,0 +1,74 @@
+"""`blockdraft pipeline` end to end on the tiny target: regen -> capture -> train -> export -> serve in
+real vLLM; a second run prints `cached` for every stage; a changed train.max_steps reruns train,
+export and serve only."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from blockdraft.models.tiny_target import save_tiny_target
+from tests.integration.conftest import REPO
+
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
+BLOCKDRAFT = REPO / ".venv" / "bin" / "blockdraft"
+pytestmark = [
+    pytest.mark.serve,
+    pytest.mark.skipif(not SERVE_PYTHON.exists(), reason="no vLLM serving environment: run `make setup-serve`"),
+]
+# Small enough for make test: the transformers backend answers the 36 prompts of the tiny target in
+# seconds (a vLLM start would cost more than the generation), and one serving round is one pair of servers.
+SMALL = ["regen.num_train=32", "regen.num_heldout=4", "regen.max_tokens=32", "regen.backend=transformers",
+         "regen.progress=false", "train.max_steps=30", "train.log_every=10", "train.progress=false",
+         "serve.num_prompts=2", "serve.max_tokens=24", "serve.rounds=1"]
+
+
+def pipeline(out, *extra):
+    argv = [str(BLOCKDRAFT), "pipeline", f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", *SMALL, *extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+def ran(result):
+    return [line.split()[2] for line in result.stdout.splitlines() if line.startswith("[pipeline] === ")]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    save_tiny_target(TARGET, "qwen3")
+    out = tmp_path_factory.mktemp("pipeline") / "run"
+    return out, pipeline(out), pipeline(out), pipeline(out, "train.max_steps=40")
+
+
+def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
+    out, first, _, _ = runs
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert ran(first) == ["regen", "capture", "train", "export", "serve"]
+    report = json.loads((out / "serve" / "report.json").read_text())
+    assert report["engine"] == "vllm" and report["lossless"] is True and report["spec_decode"]["num_drafts"] > 0
+    assert (out / "store" / "index.json").is_file() and "training from a feature store" in first.stdout
+    assert len((out / "regen" / "train.jsonl").read_text().splitlines()) == 32
+    summary = first.stdout[first.stdout.index("=== stages ==="):]
+    for stage, artifact in (("regen", "regen"), ("capture", "store"), ("train", "run"), ("export", "export"),
+                            ("serve", "report.json")):
+        assert any(line.split()[0] == stage and line.rstrip().endswith(artifact) for line in summary.splitlines()[1:7]), summary
+    assert "gate     not run (gate=false)" in summary
+
+
+def test_a_second_run_prints_cached_for_every_stage(runs):
+    _, first, second, _ = runs
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert ran(second) == [] and second.stdout.count(": cached (") == 5, second.stdout[-3000:]
+    assert "mean acceptance length" in second.stdout
+
+
+def test_a_changed_max_steps_reruns_train_export_and_serve_only(runs):
+    out, _, _, third = runs
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert ran(third) == ["train", "export", "serve"]
+    assert "regen: cached" in third.stdout and "capture: cached" in third.stdout
+    steps = [json.loads(line).get("step") for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(s for s in steps if s is not None) == 40

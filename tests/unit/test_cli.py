@@ -1,0 +1,64 @@
+"""The `blockdraft` command: its help, its version, each subcommand the same app as its module."""
+
+import subprocess
+
+import pytest
+
+from blockdraft import cli
+from tests.integration.conftest import REPO
+
+BLOCKDRAFT = REPO / ".venv" / "bin" / "blockdraft"
+needs_script = pytest.mark.skipif(not BLOCKDRAFT.exists(), reason="the console script comes with `make setup`")
+
+
+def run(*args):
+    return subprocess.run([str(BLOCKDRAFT), *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@needs_script
+def test_help_lists_every_subcommand_with_one_line_each():
+    result = run("--help")
+    assert result.returncode == 0
+    for name in ("train", "capture", "regen", "export", "serve", "eval", "gate", "pipeline", "inspect", "suggest"):
+        assert any(line.split()[:1] == [name] and len(line.split()) > 2 for line in result.stdout.splitlines()), name
+
+
+@needs_script
+def test_version_is_the_installed_one():
+    from importlib.metadata import version
+
+    result = run("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"blockdraft {version('blockdraft')}"
+
+
+@needs_script
+def test_a_subcommand_is_its_module_with_hydra_help_and_cfg_job():
+    train = run("train", "--help")
+    module = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "blockdraft.train", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0 and "max_steps" in train.stdout
+    assert train.stdout.replace("blockdraft train", "") .split("== Config ==")[-1] == \
+        module.stdout.split("== Config ==")[-1]  # the same composed config
+    job = run("train", "--cfg", "job", "experiment=tiny_cpu", "train.max_steps=7")
+    assert job.returncode == 0 and "max_steps: 7" in job.stdout
+    refused = run("train", "train.max_stepz=3")
+    assert refused.returncode != 0 and "max_stepz" in refused.stderr
+
+
+@pytest.mark.parametrize("command,needle", [("gate", "python -m blockdraft.serve.gate target=<HF dir>"),
+                                            ("pipeline", "blockdraft pipeline target=<HF dir> out=<dir>"),
+                                            ("suggest", "python -m blockdraft.models.suggest <target_dir>")])
+def test_subcommands_without_hydra_have_help_too(command, needle, capsys):
+    assert cli.main([command, "--help"]) == 0
+    assert needle in capsys.readouterr().out
+
+
+def test_a_misspelt_subcommand_names_the_closest_and_every_command(capsys):
+    assert cli.main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'trian'" in err and "did you mean 'train'" in err and "pipeline" in err
+
+
+def test_no_subcommand_prints_the_usage_and_fails(capsys):
+    assert cli.main([]) == 2
+    assert "usage: blockdraft <command>" in capsys.readouterr().out

@@ -1,0 +1,108 @@
+"""The pipeline's command line: each key reaches the stage that owns it, a key no stage knows is
+refused by name before any work, and a stage's key changes only with what that stage reads."""
+
+import pytest
+
+from blockdraft.errors import ConfigError
+from blockdraft.models.tiny_target import save_tiny_target
+from blockdraft.pipeline import app, commands
+from blockdraft.pipeline.records import stage_key
+from blockdraft.pipeline.runner import pipeline_stages
+from blockdraft.pipeline.settings import parse_overrides
+from tests.integration.conftest import REPO
+
+TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
+
+
+@pytest.fixture(scope="module")
+def target():
+    return save_tiny_target(TARGET, "qwen3")
+
+
+def words(out, *extra):
+    return [f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", *extra]
+
+
+def test_each_key_goes_to_the_stage_that_owns_it():
+    s = parse_overrides(["target=/t", "out=/o", "regen.workers=8", "capture.storage_dtype=float32", "train.max_steps=7",
+                         "draft=jetspec", "optim.lr=1e-3", "export.dtype=bfloat16", "serve.num_prompts=3", "gate=true",
+                         "gate.steps=20", "train.nproc=2", "force=[train,serve]", "store=false"])
+    assert s.regen == ["workers=8"] and s.capture == ["storage_dtype=float32"] and s.export == ["dtype=bfloat16"]
+    assert s.recipe == ["train.max_steps=7", "draft=jetspec", "optim.lr=1e-3"] and s.serve == ["num_prompts=3"]
+    assert s.gate and s.gate_args == ["steps=20"] and s.nproc == 2 and s.force == ["train", "serve"] and s.store == "false"
+    assert commands.regen_prompts("tiny") == "tiny_prompts"
+
+
+@pytest.mark.parametrize("word,needle", [
+    ("regen.out=/x", "regen.out is set by the pipeline"),
+    ("data.train=/x.jsonl", "data.train is set by the pipeline"),
+    ("force=[trian]", "['trian'] are not stages"),
+    ("store=maybe", "store='maybe'"),
+    ("train.nproc=0", "train.nproc=0: use 1 or more"),
+    ("oops", "is not key=value"),
+])
+def test_a_bad_word_is_refused_with_the_fix(word, needle):
+    with pytest.raises(ConfigError, match=None) as err:
+        parse_overrides(["target=/t", "out=/o", word])
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("word,needle", [
+    ("serv.num_prompts=3", "serv"),  # a misspelt stage: no stage knows it
+    ("train.max_stepz=3", "max_stepz"),
+    ("regen.wrkers=3", "wrkers"),
+    ("serve.num_promts=3", "num_promts"),
+    ("export.dtyp=float32", "dtyp"),
+])
+def test_a_key_no_stage_knows_is_refused_by_name_before_any_work(target, tmp_path, word, needle, capsys):
+    out = tmp_path / "p"
+    assert app.main(words(out, word)) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "pipeline's own keys" in err
+    assert not out.exists()  # nothing written
+
+
+def test_gate_keys_without_the_gate_are_refused(target, tmp_path, capsys):
+    assert app.main(words(tmp_path / "p", "gate.steps=3")) == 2
+    assert "add gate=true" in capsys.readouterr().err
+
+
+def keys(target, out, *extra):
+    s = parse_overrides(words(out, *extra))
+    cfgs = app.prepare(s)
+    chain, result = {}, {}
+    for stage in pipeline_stages(s, cfgs):
+        chain = {**chain, stage.name: stage.inputs if stage.skip_reason is None else {"skipped": True}}
+        result[stage.name] = stage_key(chain)
+    return result
+
+
+def test_a_changed_setting_changes_its_stage_and_the_later_ones_only(target, tmp_path):
+    base = keys(target, tmp_path)
+    assert keys(target, tmp_path) == base
+    changed = lambda *w: [name for name, k in keys(target, tmp_path, *w).items() if k != base[name]]  # noqa: E731
+    assert changed("train.max_steps=7") == ["train", "export", "gate", "serve"]
+    assert changed("regen.num_train=9") == ["regen", "capture", "train", "export", "gate", "serve"]
+    assert changed("capture.storage_dtype=float32") == ["capture", "train", "export", "gate", "serve"]
+    assert changed("serve.num_prompts=3") == ["serve"]
+    assert changed("export.dtype=bfloat16") == ["export", "gate", "serve"]
+
+
+def test_the_torchrun_launch_and_the_store_choice(target, tmp_path):
+    s = parse_overrides(words(tmp_path, "train.nproc=2"))
+    argv = commands.train_argv(s, use_store=True)
+    assert argv[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    assert argv[argv.index("-m", 2) + 1] == "blockdraft.train" and f"data.features={tmp_path / 'store'}" in argv
+    nodes = parse_overrides(words(tmp_path, "train.nnodes=2", "train.node_rank=1", "train.rdzv_endpoint=h:29500"))
+    assert "--node_rank=1" in commands.train_argv(nodes, False) and "--rdzv_endpoint=h:29500" in commands.train_argv(nodes, False)
+    online = parse_overrides(words(tmp_path, "store=false"))
+    stages = {st.name: st for st in pipeline_stages(online, app.prepare(online))}
+    assert stages["capture"].skip_reason == "store=false" and stages["gate"].skip_reason == "gate=false"
+
+
+def test_cfg_job_prints_every_stage_composed_without_running(target, tmp_path, capsys):
+    assert app.main([*words(tmp_path / "p"), "--cfg", "job"]) == 0
+    shown = capsys.readouterr().out
+    for stage in ("regen", "capture", "train", "export", "serve"):
+        assert f"# --- {stage}: " in shown
+    assert "max_steps: 60" in shown and not (tmp_path / "p").exists()

@@ -64,18 +64,40 @@ def command_stage(name: str, argv: List[str], fix: str) -> Callable[[], bool]:
     return run
 
 
-def use_feature_store(s: PipelineSettings, train_cfg, num_rows: int) -> tuple:
-    """(use it?, why): a CPU recipe always (one target forward per row, once); elsewhere when
-    training reads each row more than once."""
+def use_feature_store(s: PipelineSettings, cfgs: dict) -> tuple:
+    """(use it?, why): on a CPU always (the target runs once per row instead of once per step), on a
+    GPU when training reads each row more than once; never a store that would fill the disk."""
     if s.store != "auto":
         return s.store == "true", f"store={s.store}"
+    regen, train = cfgs["regen"], cfgs["train"]
+    size, free = store_bytes(cfgs), free_bytes(s.root)
+    if size > free / 2:
+        return False, (f"a store of these rows would take up to {size / 2**30:.0f} GiB, more than half the "
+                       f"{free / 2**30:.0f} GiB free: features captured online")
     if not commands.on_cuda():
         return True, "no GPU: the target runs once per row instead of once per step"
-    loop = train_cfg.train
+    loop = train.train
     rows_read = loop.max_steps * loop.micro_batch_size * loop.grad_accum * s.nproc * int(s.torchrun.get("nnodes", 1))
-    if rows_read > num_rows:
-        return True, f"training reads {rows_read} rows of {num_rows}: each more than once"
-    return False, f"training reads {rows_read} rows of {num_rows}: each at most once, features captured online"
+    if rows_read > regen.num_train:
+        return True, f"training reads {rows_read} rows of {regen.num_train}: each more than once"
+    return False, f"training reads {rows_read} rows of {regen.num_train}: each at most once, features captured online"
+
+
+def store_bytes(cfgs: dict) -> float:
+    """At most: every row at its longest (prompt and reply caps) x the features' width x the storage dtype."""
+    from blockdraft.models.resolve import resolve_layer_ids
+    from blockdraft.models.target_families import load_text_config
+
+    regen, capture = cfgs["regen"], cfgs["capture"]
+    config = load_text_config(capture.target.path)
+    width = len(resolve_layer_ids(capture.draft, config)) * int(config.hidden_size)
+    tokens = regen.num_train * (regen.max_prompt_tokens + regen.max_tokens * regen.max_turns)
+    return float(tokens * width * (4 if capture.storage_dtype == "float32" else 2))
+
+
+def free_bytes(out: Path) -> float:
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    return float(shutil.disk_usage(existing).free)
 
 
 def capture_reads(cfg) -> dict:
@@ -96,7 +118,7 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict) -> List[Stage]:
     from blockdraft.train.checkpoint import complete_checkpoints
 
     p = s.paths()
-    use_store, why = use_feature_store(s, cfgs["train"], cfgs["regen"].num_train)
+    use_store, why = use_feature_store(s, cfgs)
     train_argv = commands.stage_argv("train", s, use_store)
 
     def train() -> bool:

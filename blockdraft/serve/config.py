@@ -96,6 +96,11 @@ class ServeConfig:
                 raise ConfigError(f"{key}={getattr(self, key)!r} is not a directory; {_FIXES[key]}")
         self._check_out()
         self._check_prompts()
+        return self.validate_settings()
+
+    def validate_settings(self) -> "ServeConfig":
+        """The checks that need no draft, target or prompts on disk: a pipeline runs them before its
+        first stage, hours before its serve stage would."""
         self._check_positive("num_prompts", "rounds", "max_tokens", "max_model_len", "max_num_seqs", "kv_cache_gib")
         self._check_positive("startup_timeout_s", "request_timeout_s")
         if self.max_tokens >= self.max_model_len:

@@ -18,8 +18,9 @@ from blockdraft.train.target_sharding import check_strategy
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
 
 
-def check_config(cfg: TrainAppConfig) -> None:
-    """Validation that needs neither the target nor the data."""
+def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
+    """Validation that needs neither the target's weights nor the data; `data_ready=False` (a pipeline
+    checking its training stage before the rows exist) leaves out what reads the data's files."""
     t = cfg.train
     if t.num_anchors < 1:
         raise ConfigError(f"train.num_anchors={t.num_anchors}: draw at least one block per row (64 is usual).")
@@ -51,6 +52,8 @@ def check_config(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"wandb.mode={cfg.wandb.mode} but wandb is not installed: pip install wandb, or set wandb.mode=disabled.")
     check_draft_vocab(cfg)
     check_mask_embedding(cfg)
+    if not data_ready:
+        return
     if cfg.data.features:
         check_store_options(cfg)
     elif cfg.prepare.regenerate_builtin is None:

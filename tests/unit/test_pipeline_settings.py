@@ -106,3 +106,27 @@ def test_cfg_job_prints_every_stage_composed_without_running(target, tmp_path, c
     for stage in ("regen", "capture", "train", "export", "serve"):
         assert f"# --- {stage}: " in shown
     assert "max_steps: 60" in shown and not (tmp_path / "p").exists()
+
+
+def test_auto_never_picks_a_store_that_would_fill_the_disk(target, tmp_path, monkeypatch):
+    from blockdraft.pipeline import runner
+
+    s = parse_overrides(words(tmp_path))
+    cfgs = app.prepare(s)
+    assert runner.use_feature_store(s, cfgs)[0]  # a CPU: the store
+    monkeypatch.setattr(runner, "free_bytes", lambda out: runner.store_bytes(cfgs) * 1.5)
+    use, why = runner.use_feature_store(s, cfgs)
+    assert not use and "more than half" in why and "online" in why
+    assert runner.use_feature_store(parse_overrides(words(tmp_path, "store=true")), cfgs) == (True, "store=true")
+
+
+@pytest.mark.parametrize("word,needle", [
+    ("serve.max_tokens=600", "leaves no room for a prompt"),
+    ("train.max_steps=0", "train.max_steps=0"),
+    ("capture.storage_dtype=int8", "int8"),
+    ("regen.workers=0", "workers=0"),
+])
+def test_a_bad_value_for_a_later_stage_is_refused_before_the_first_stage(target, tmp_path, word, needle, capsys):
+    out = tmp_path / "p"
+    assert app.main(words(out, word)) == 2
+    assert needle in capsys.readouterr().err and not out.exists()

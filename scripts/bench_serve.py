@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -34,28 +33,9 @@ DOC_HEADER = (
 def machine_kind() -> str:
     """E.g. "2-core x86_64 CPU (AMD EPYC; no avx512f, avx512_bf16, amx), 24 GiB, no GPU": the CPU model and
     the ISA features that change kernels, since machines of one kind differ in both."""
-    gib = 0
-    try:
-        kib = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
-        gib = round(kib / 2**20)
-    except (OSError, AttributeError):
-        pass
-    gpu = "a GPU" if shutil.which("nvidia-smi") else "no GPU"
-    return f"{os.cpu_count()}-core {platform.machine()} CPU ({cpu_model_and_features()}), {gib} GiB, {gpu}"
+    from blockdraft.machine import describe
 
-
-def cpu_model_and_features() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown model"
-    model = re.search(r"model name\s*:\s*(.+)", info)
-    flags = set((re.search(r"flags\s*:\s*(.+)", info) or re.search(r"()", "")).group(1).split())
-    has = [f for f in ("avx512f", "avx512_bf16") if f in flags] + (["amx"] if any(f.startswith("amx") for f in flags) else [])
-    lacks = [f for f in ("avx512f", "avx512_bf16", "amx") if f not in has]
-    parts = [", ".join(has)] if has else []
-    parts += [f"no {', '.join(lacks)}"] if lacks else []
-    return f"{model.group(1).strip() if model else 'unknown model'}; {'; '.join(parts)}"
+    return describe()
 
 
 def today() -> str:

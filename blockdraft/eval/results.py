@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from blockdraft.eval.cells import BASELINE, Cell, CellKey
+from blockdraft.machine import describe, machine_facts
+from blockdraft.vllm_runtime.omp_binding import omp_binding
 from blockdraft.serve.verdict import acceptance, compare_outputs
 
 SAMPLED_NOTE = ("sampled output is not compared token by token: vLLM's rejection sampling keeps it distributed "
@@ -83,10 +85,18 @@ def build(evaluation) -> dict:
         "not_run": not_run,
         "sampled_note": SAMPLED_NOTE,
         "sampling_notes": list(getattr(evaluation, "sampling_notes", [])),
-        "environment": {"vllm_version": plan.vllm.version, "device": plan.device, "machine": platform.machine(),
-                        "processor": platform.processor() or None, "python": platform.python_version()},
+        "environment": {"vllm_version": plan.vllm.version, "device": plan.device, "machine": machine_facts(),
+                        "vllm_omp_binding": logged_binding(evaluation.out / "logs"), "python": platform.python_version()},
         "this_run_timings_s": evaluation.timings,
     }
+
+
+def logged_binding(logs: Path) -> Optional[str]:
+    """vLLM's OpenMP binding as the first server log states it (every server here starts alike)."""
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        if binding := omp_binding(log):
+            return binding
+    return None
 
 
 def _fmt(x: Optional[float], spec: str) -> str:
@@ -118,6 +128,10 @@ def markdown(report: dict) -> str:
               f"Training's last validation accept_len: {', '.join(training)}.",
               f"Sampled cells: {SAMPLED_NOTE}."]
     lines += [f"{note[0].upper()}{note[1:]}." for note in report.get("sampling_notes", [])]
+    env = report.get("environment", {})
+    if env.get("machine"):
+        lines.append(f"Machine: {describe(env['machine'])}; vLLM {env.get('vllm_version')} on {env.get('device')}"
+                     + (f", OpenMP binding: {env['vllm_omp_binding']}." if env.get("vllm_omp_binding") else "."))
     if report["not_run"]:
         lines.append("Not run: " + "; ".join(report["not_run"]) + ".")
     if not report["complete"]:

@@ -205,6 +205,9 @@ def summarize(stages: List[Stage], records: StageRecords, spent: Dict[str, float
         note = f"{spent[stage.name]:.0f} s" if stage.name in spent else f"cached ({then:.0f} s when it ran)"
         print(f"  {stage.name:<8} {note:<28} {stage.artifact}")
     print(f"  total    {wall:.0f} s this run")
+    from blockdraft.machine import describe
+
+    print(f"  machine  {describe()}")
     result = json.loads(report.read_text())
     print("\n[pipeline] ================= report =================")
     from blockdraft.serve.report import print_table

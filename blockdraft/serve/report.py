@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, TextIO, Tuple
 
+from blockdraft.machine import describe
 from blockdraft.serve.client import Completion, SpecMetrics
 from blockdraft.serve.verdict import compare_outputs, judge, tokens_per_second
 
@@ -43,7 +44,19 @@ class Round:
         base = tokens_per_second(self.baseline) if self.baseline else None
         spec = tokens_per_second(self.draft) if self.draft else None
         return {"order": list(self.order), "tokens_per_s_baseline": base, "tokens_per_s_draft": spec,
-                "speedup": spec / base if base and spec else None}
+                "speedup": spec / base if base and spec else None, "round_cost": self.round_cost()}
+
+    def round_cost(self) -> Optional[float]:
+        """A draft-and-verify round's seconds over a plain decode step's: the draft run's seconds per
+        drafting round over the baseline's seconds per token (each request's prefill in both). The
+        speedup is about the tokens a round yields (the acceptance length) over this."""
+        if not (self.baseline and self.draft and self.metrics and self.metrics.num_drafts):
+            return None
+        base_tokens = sum(len(c.token_ids) for c in self.baseline)
+        base_s, draft_s = sum(c.seconds for c in self.baseline), sum(c.seconds for c in self.draft)
+        if not base_tokens or base_s <= 0:
+            return None
+        return (draft_s / self.metrics.num_drafts) / (base_s / base_tokens)
 
 
 @dataclass
@@ -103,6 +116,7 @@ def _throughput(record: RunRecord) -> dict:
         "tokens_per_s_draft": _median([r["tokens_per_s_draft"] for r in rounds]),
         "speedup": _median(ratios),
         "speedup_spread": [min(ratios), max(ratios)] if ratios else None,
+        "round_cost": _median([r["round_cost"] for r in rounds]),
         "rounds": rounds,
         "tokens_generated": {
             phase: sum(len(c.token_ids) for r in record.rounds for c in getattr(r, phase) or []) for phase in PHASES
@@ -204,9 +218,13 @@ def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
         ("tokens/s baseline", _fmt(report.get("tokens_per_s_baseline"))),
         ("tokens/s draft", _fmt(report.get("tokens_per_s_draft"))),
         ("speedup", _speedup_line(report)),
+        ("round cost", f"{report['round_cost']:.2f} plain decode steps per draft-and-verify round"
+         if report.get("round_cost") else "-"),
         *((f"time {k}", f"{v:.1f} s") for k, v in report.get("timings_s", {}).items()),
         ("prompts sent", str(report.get("prompts_sent"))),
         ("vLLM", f"{report.get('vllm_version')} on {report.get('device')}"),
+        ("machine", describe(report["machine"]) if report.get("machine") else "-"),
+        *(("vLLM OpenMP binding", f"{phase}: {line}") for phase, line in (report.get("vllm_omp_binding") or {}).items()),
         ("date", str(report.get("date"))),
     ]
     width = max(len(name) for name, _ in rows)

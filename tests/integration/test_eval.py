@@ -66,6 +66,8 @@ def test_eval_writes_every_cell_table_and_plot(evaluated):
     table = (out / "eval.md").read_text()
     assert "| reduced_vocab | barely |" in table and "rejection sampling" in table
     assert "without its default top-k 20" in table and report["settings"]["sampled"]["top_k"] == 0
+    assert "Machine: " in table and "OpenMP binding: VLLM_CPU_OMP_THREADS_BIND=" in table
+    assert report["environment"]["machine"]["cores"] and "core ids=" in report["environment"]["vllm_omp_binding"]
     assert table in first.stdout
     for name in ("acceptance_questions.png", "speedup.png"):
         assert (out / name).stat().st_size > 1000

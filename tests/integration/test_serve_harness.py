@@ -6,6 +6,7 @@ vLLM run is the lead's train -> export -> serve test; this one needs no serving 
 """
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -49,6 +50,10 @@ def test_a_lossless_active_run_passes_and_writes_its_report(setup):
         assert (Path(setup.out) / name).is_file()
     written = json.loads((Path(setup.out) / "report.json").read_text())
     assert written["tokens_generated"] == {"baseline": 128, "draft": 128}
+    # Where it ran and what a round cost: a machine effect told apart from a recipe effect.
+    assert written["machine"]["cores"] == os.cpu_count() and set(written["machine"]) >= {"cpu_model", "avx512_bf16", "amx"}
+    costs = [r["round_cost"] for r in report["rounds"]]
+    assert all(c > 0 for c in costs) and written["round_cost"] == pytest.approx(statistics.median(costs))
 
 
 def test_one_round_serves_each_side_once(setup):

@@ -49,6 +49,9 @@ def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
     assert ran(first) == ["regen", "capture", "train", "export", "serve"]
     report = json.loads((out / "serve" / "report.json").read_text())
     assert report["engine"] == "vllm" and report["lossless"] is True and report["spec_decode"]["num_drafts"] > 0
+    # Where it ran, as vLLM's own log states its thread binding, and what a round cost.
+    assert "core ids=" in report["vllm_omp_binding"]["draft"] and report["round_cost"] > 0
+    assert "round cost" in first.stdout and "  machine  " in first.stdout
     assert (out / "store" / "index.json").is_file() and "training from a feature store" in first.stdout
     assert len((out / "regen" / "train.jsonl").read_text().splitlines()) == 32
     summary = first.stdout[first.stdout.index("=== stages ==="):]

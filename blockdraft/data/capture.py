@@ -41,15 +41,32 @@ class CaptureAppConfig(TrainAppConfig):
     """float16 | bfloat16 | float32 (exact: training from it equals online training to fp32 rounding)."""
     rows_per_shard: int = 256
     """Rows per shard file: the unit a killed capture redoes."""
+    rows_per_forward: int = 1
+    """Rows the target runs at once, right-padded (padding after a row changes none of its positions)."""
+    compute_dtype: str = "train"
+    """The target's matmuls: train (as training runs it, train.dtype) | float32 | bfloat16 | auto (bfloat16 on
+    a GPU or on a CPU with AVX512-BF16 or AMX, float32 elsewhere). The store keeps storage_dtype either way."""
 
 
 register_schema("capture_schema", CaptureAppConfig)
 
 
-def check_capture_config(cfg: CaptureAppConfig) -> None:
+COMPUTE_DTYPES = ("train", "float32", "bfloat16", "auto")
+
+
+def check_capture_options(cfg: CaptureAppConfig) -> None:
+    """The capture's own keys: what a pipeline checks before its first stage too."""
     check_storage_dtype(cfg.storage_dtype)
     if cfg.rows_per_shard < 1:
         raise ConfigError(f"rows_per_shard={cfg.rows_per_shard}: use 1 or more rows per shard.")
+    if cfg.rows_per_forward < 1:
+        raise ConfigError(f"rows_per_forward={cfg.rows_per_forward}: run 1 or more rows per target forward.")
+    if cfg.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"compute_dtype={cfg.compute_dtype!r}; use one of {list(COMPUTE_DTYPES)}.")
+
+
+def check_capture_config(cfg: CaptureAppConfig) -> None:
+    check_capture_options(cfg)
     if cfg.data.features:
         raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
     check_target_path(cfg.target)
@@ -75,6 +92,19 @@ def store_teacher_top_k(kl_weight: float, teacher_top_k) -> int:
 STORE_FULL_TOP_K = 32
 
 
+def capture_compute_dtype(cfg: CaptureAppConfig, device: torch.device) -> torch.dtype:
+    from blockdraft.machine import machine_facts
+    from blockdraft.train.setup import resolve_dtype
+
+    if cfg.compute_dtype == "train":
+        return resolve_dtype(cfg.train.dtype, device)
+    if cfg.compute_dtype == "auto":
+        facts = machine_facts() if device.type == "cpu" else {}
+        fast = device.type != "cpu" or facts.get("avx512_bf16") or facts.get("amx")
+        return torch.bfloat16 if fast else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.compute_dtype]
+
+
 def run_capture(cfg) -> Path:
     """Entry used by the command line and by tests with a composed config."""
     if OmegaConf.is_missing(cfg, "out"):
@@ -97,10 +127,10 @@ class Capture:
 
             save_tiny_target(cfg.target.path, cfg.target.tiny)
         self.device = init_distributed().device
-        from blockdraft.train.setup import resolve_dtype, resolve_target_dtype
+        from blockdraft.train.setup import resolve_target_dtype
 
         # Both dtypes are settled (and a bf16 target under an fp32 step refused) before anything loads.
-        self.dtype = resolve_dtype(cfg.train.dtype, self.device)
+        self.dtype = capture_compute_dtype(cfg, self.device)
         self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.target.path)
         self.target_config = load_text_config(cfg.target.path)
@@ -118,6 +148,8 @@ class Capture:
         self._regenerate_builtin_rows()
         identity = store_identity(cfg.target.path, self.target_config, self.layer_ids, self.tokenizer, cfg.data,
                                   cfg.storage_dtype, cfg.rows_per_shard, self.teacher_top_k)
+        if self.dtype != torch.float32:  # absent from float32 captures, so the stores made before stay what they were
+            identity["compute_dtype"] = str(self.dtype).replace("torch.", "")
         identity["sources"] = {name: split_source(path) for name, path in self.splits()}
         store = FeatureStore.create_or_resume(cfg.out, identity, cfg.overwrite)
         for name, path in self.splits():
@@ -170,12 +202,14 @@ class Capture:
         tokens, started = 0, time.perf_counter()
         for number in range(done, entry["num_shards"]):
             rows = []
-            for i in range(number * rps, min((number + 1) * rps, len(dataset))):
-                item = dataset[i]
-                batch = collate([item], pad_id=pad)
-                rows.append(self._row(target, item, batch, limit, f"data.{name} row from line(s) {dataset.source_lines(i)}"))
-                tokens += batch["input_ids"].shape[1]
-                bar.update(1)
+            indices = list(range(number * rps, min((number + 1) * rps, len(dataset))))
+            for at in range(0, len(indices), cfg.rows_per_forward):
+                chunk = indices[at:at + cfg.rows_per_forward]
+                items = [dataset[i] for i in chunk]
+                wheres = [f"data.{name} row from line(s) {dataset.source_lines(i)}" for i in chunk]
+                rows += self._rows(target, items, collate(items, pad_id=pad), limit, wheres)
+                tokens += sum(len(item["input_ids"]) for item in items)
+                bar.update(len(chunk))
                 bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}", refresh=False)
             store.write_shard(name, number, rows, STORAGE_DTYPES[cfg.storage_dtype])
             faults.point("capture.after_shard")
@@ -183,31 +217,39 @@ class Capture:
         seconds = time.perf_counter() - started
         print(f"[capture] {name}: {tokens} tokens in {seconds:.1f} s ({tokens / max(seconds, 1e-9):.0f} tokens/s)", flush=True)
 
-    def _row(self, target, item: dict, batch: dict, limit: float, where: str) -> dict:
+    def _rows(self, target, items: list, batch: dict, limit: float, wheres: list) -> list:
+        """One forward over right-padded rows; each row keeps only its own positions."""
         from blockdraft.train.features import batch_features, batch_features_and_final
         from blockdraft.train.teacher import teacher_topk_rows
 
         device_batch = {k: v.to(self.device) for k, v in batch.items()}
-        teacher = {}
         with self._autocast():
             if self.teacher_top_k:
                 features, final = batch_features_and_final(target, device_batch)
-                ids, logits = teacher_topk_rows(final[0], device_batch["loss_mask"][0], target.lm_head_weight, self.teacher_top_k)
-                teacher = {"teacher_ids": ids, "teacher_logits": logits}
             else:
-                features = batch_features(target, device_batch)
-        features = features[0].float().cpu()  # [L, n*H_t]
-        peak = float(features.abs().max()) if features.numel() else 0.0
-        if peak > limit:
-            raise DataError(
-                f"{where}: a target feature reaches {peak:.4g}, "
-                f"beyond {self.cfg.storage_dtype}'s range; capture with storage_dtype=bfloat16 or float32."
-            )
-        return {
-            "input_ids": batch["input_ids"][0], "loss_mask": batch["loss_mask"][0],
-            "position_ids": batch["position_ids"][0], "document_lengths": item["document_lengths"],
-            "features": features, **teacher,
-        }
+                features, final = batch_features(target, device_batch), None
+        rows = []
+        for r, (item, where) in enumerate(zip(items, wheres)):
+            n = len(item["input_ids"])
+            teacher = {}
+            if final is not None:
+                with self._autocast():
+                    ids, logits = teacher_topk_rows(final[r, :n], device_batch["loss_mask"][r, :n], target.lm_head_weight,
+                                                    self.teacher_top_k)
+                teacher = {"teacher_ids": ids, "teacher_logits": logits}
+            row_features = features[r, :n].float().cpu()  # [n, L*H_t]
+            peak = float(row_features.abs().max()) if row_features.numel() else 0.0
+            if peak > limit:
+                raise DataError(
+                    f"{where}: a target feature reaches {peak:.4g}, "
+                    f"beyond {self.cfg.storage_dtype}'s range; capture with storage_dtype=bfloat16 or float32."
+                )
+            rows.append({
+                "input_ids": batch["input_ids"][r, :n], "loss_mask": batch["loss_mask"][r, :n],
+                "position_ids": batch["position_ids"][r, :n], "document_lengths": item["document_lengths"],
+                "features": row_features, **teacher,
+            })
+        return rows
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="capture", version_base=None)

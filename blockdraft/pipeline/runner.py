@@ -109,7 +109,7 @@ def capture_reads(cfg) -> dict:
     return {
         "target": dataclasses.asdict(cfg.target), "data": dataclasses.asdict(cfg.data),
         "layers": resolve_layer_ids(cfg.draft, load_text_config(cfg.target.path)),
-        "teacher": [cfg.train.kl_weight, cfg.train.teacher_top_k], "dtype": cfg.train.dtype,
+        "teacher": [cfg.train.kl_weight, cfg.train.teacher_top_k], "dtype": [cfg.train.dtype, cfg.compute_dtype],
         "storage": [cfg.storage_dtype, cfg.rows_per_shard],
     }
 

@@ -45,6 +45,8 @@ def test_a_subcommand_is_its_module_with_hydra_help_and_cfg_job():
     assert refused.returncode != 0 and "max_stepz" in refused.stderr
 
 
+# In this process the suite has imported those modules already, which runpy warns of; a console run has not.
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")
 @pytest.mark.parametrize("command,needle", [("gate", "python -m blockdraft.serve.gate target=<HF dir>"),
                                             ("pipeline", "blockdraft pipeline target=<HF dir> out=<dir>"),
                                             ("suggest", "python -m blockdraft.models.suggest <target_dir>")])

@@ -34,7 +34,7 @@ from typing import List, Optional
 from blockdraft.errors import ConfigError
 from blockdraft.pipeline import commands
 from blockdraft.pipeline.records import StageRecords
-from blockdraft.pipeline.runner import Stage, StageFailed, pipeline_stages, run_stages, say, summarize
+from blockdraft.pipeline.runner import Stage, StageFailed, pipeline_stages, run_stages, say, summarize, use_feature_store
 from blockdraft.pipeline.settings import PipelineSettings, check_settings, parse_overrides
 
 
@@ -73,11 +73,13 @@ def print_config(s: PipelineSettings) -> None:
     from omegaconf import OmegaConf
 
     cfgs = prepare(s)
+    use_store, why = use_feature_store(s, cfgs)
+    print(f"# feature store: {'yes' if use_store else 'no'} ({why})")
     for stage in ("regen", "capture", "train", "export", "serve"):
-        print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, True)[1:])}")
+        print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, use_store)[1:])}")
         print(OmegaConf.to_yaml(OmegaConf.structured(cfgs[stage])))
     if s.gate:
-        print(f"# --- gate: {' '.join(commands.stage_argv('gate', s, True)[1:])}")
+        print(f"# --- gate: {' '.join(commands.stage_argv('gate', s, use_store)[1:])}")
 
 
 def main(argv: List[str], base: Optional[PipelineSettings] = None, before: Optional[List[Stage]] = None,

@@ -87,7 +87,9 @@ def capture(args, tmp: Path) -> str:
     table = ["| capture | tokens | seconds | tokens/s | vs 1 row, float32 | features' relative error vs 1 row, float32 |",
              "|---|---|---|---|---|---|"]
     table += [f"| {label} | {t} | {s:.1f} | {t / s:.0f} | {t / s / base:.2f}x | {e:.2e} |" for label, t, s, e in results]
-    return "\n".join(table) + f"\n\nThe first {args.rows} rows of `{args.train_rows}`, SmolLM2-135M's layers [1, 10, 18, 27]."
+    shown = Path(args.train_rows).resolve()
+    shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
+    return "\n".join(table) + f"\n\nThe first {args.rows} rows of `{shown}`, SmolLM2-135M's layers [1, 10, 18, 27]."
 
 
 def main() -> None:

@@ -130,3 +130,21 @@ def test_a_bad_value_for_a_later_stage_is_refused_before_the_first_stage(target,
     out = tmp_path / "p"
     assert app.main(words(out, word)) == 2
     assert needle in capsys.readouterr().err and not out.exists()
+
+
+def test_a_node_of_rank_above_zero_waits_for_node_zeros_stages_then_runs_its_own(tmp_path):
+    import threading
+
+    from blockdraft.pipeline.records import StageRecords
+    from blockdraft.pipeline.runner import Stage, run_stages
+
+    ran = []
+    make = lambda name: Stage(name, {"n": name}, lambda: ran.append(name) or True, lambda: True, tmp_path)  # noqa: E731
+    stages = [make("regen"), make("train")]
+    node0 = StageRecords(tmp_path / "stages.json")
+    key = stage_key({"regen": {"n": "regen"}})
+    later = threading.Timer(0.3, lambda: node0.mark("regen", key, done=True, seconds=1.0))
+    later.start()
+    spent = run_stages(stages, StageRecords(tmp_path / "stages.json"), [], awaited=("regen",), poll_s=0.05)
+    later.join()
+    assert ran == ["train"] and set(spent) == {"train"}  # regen was node 0's: waited for, never run here

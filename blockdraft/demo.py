@@ -84,4 +84,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    import signal
+
+    from blockdraft.pipeline.runner import on_sigterm
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     sys.exit(main())

@@ -4,8 +4,8 @@ import signal
 import sys
 
 from blockdraft.pipeline.app import main
-from blockdraft.serve.cli import terminate_as_interrupt
+from blockdraft.pipeline.runner import on_sigterm
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, terminate_as_interrupt)
+    signal.signal(signal.SIGTERM, on_sigterm)
     sys.exit(main(sys.argv[1:]))

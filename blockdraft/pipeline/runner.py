@@ -45,7 +45,37 @@ def run_command(argv: List[str]) -> int:
     # Idle OpenMP threads sleep instead of spinning: with two cores and anything else running,
     # spinning threads made each target forward 3-8x slower (measured: 0.6 s vs 2-5 s per row).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return subprocess.run(argv, cwd=REPO, env=env).returncode
+    stage = subprocess.Popen(argv, cwd=REPO, env=env)
+    try:
+        return stage.wait()
+    except KeyboardInterrupt:
+        stop(stage)
+        raise
+
+
+# A stage stopped by Ctrl-C stops its own vLLM servers and saves what it can first (seconds): it is
+# given that long before it is killed. subprocess.run would kill it after 0.25 s, leaving its servers.
+STOP_GRACE_S = 60.0
+TERMINATED = {"by_signal": False}  # set by __main__'s SIGTERM handler: the stage did not see that signal
+
+
+def on_sigterm(_signum, _frame) -> None:
+    """The SIGTERM handler of the pipeline's commands: as KeyboardInterrupt, through the running stage's
+    stop (which passes the signal on) and the records."""
+    TERMINATED["by_signal"] = True
+    raise KeyboardInterrupt
+
+
+def stop(stage: subprocess.Popen) -> None:
+    """The stage saw the terminal's Ctrl-C (one process group); a SIGTERM sent to this process alone is
+    passed on. A second Ctrl-C while it cleans up kills it at once."""
+    if TERMINATED["by_signal"]:
+        stage.terminate()
+    try:
+        stage.wait(timeout=STOP_GRACE_S)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        stage.kill()
+        stage.wait()
 
 
 class StageFailed(Exception):

@@ -51,4 +51,5 @@ def test_trained_tiny_draft_is_lossless_and_active_in_vllm(tiny_dflash_run, tmp_
     assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"]]
     assert report["rounds"][0]["speedup"] > 0 and report["speedup_spread"] == [report["speedup"]] * 2
     assert (out / "acceptance.png").stat().st_size > 0
-    assert _vllm_processes() == before, "a vLLM process outlived the harness"
+    # Only the harness's own: a server another job on the machine runs may start or end meanwhile.
+    assert not set(_vllm_processes()) - set(before), "a vLLM process outlived the harness"

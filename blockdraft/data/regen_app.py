@@ -102,9 +102,11 @@ class RegenConfig:
                 raise ConfigError(f"{key}={getattr(self, key)} must be 0 or more")
         if self.temperature < 0:
             raise ConfigError(f"temperature={self.temperature}: use 0 for greedy or a positive value to sample")
-        from blockdraft.vllm_runtime.server import check_cpu_threads_bind
+        from blockdraft.vllm_runtime.server import is_cpu_threads_bind
 
-        check_cpu_threads_bind(self.cpu_threads_bind, "cpu_threads_bind")
+        if not is_cpu_threads_bind(self.cpu_threads_bind):
+            raise ConfigError(f"cpu_threads_bind={self.cpu_threads_bind!r}: use auto (vLLM's default), all (every core), "
+                              "or a core list such as 0-1.")
         return self
 
     def settings(self, backend: str) -> dict:

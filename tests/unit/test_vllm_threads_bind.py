@@ -4,8 +4,9 @@ import os
 
 import pytest
 
+from blockdraft.data.regen_app import RegenConfig
 from blockdraft.errors import ConfigError
-from blockdraft.vllm_runtime.server import check_cpu_threads_bind, cpu_cores_bind, server_settings
+from blockdraft.vllm_runtime.server import cpu_cores_bind, is_cpu_threads_bind, server_settings
 
 
 def test_all_binds_every_core_this_process_may_use_and_auto_leaves_vllms_default(monkeypatch):
@@ -26,10 +27,12 @@ def test_a_binding_already_in_the_environment_wins(monkeypatch):
 
 @pytest.mark.parametrize("choice", ["auto", "all", "0-1", "0,2-3"])
 def test_good_choices_pass(choice):
-    check_cpu_threads_bind(choice, "cpu_threads_bind")
+    assert is_cpu_threads_bind(choice)
 
 
 @pytest.mark.parametrize("choice", ["both", "0-", "", "a,b"])
-def test_bad_choices_are_refused_with_the_forms_that_work(choice):
+def test_bad_choices_are_refused_with_the_forms_that_work(choice, tmp_path):
+    assert not is_cpu_threads_bind(choice)
+    (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="use auto .* all .* or a core list such as 0-1"):
-        check_cpu_threads_bind(choice, "cpu_threads_bind")
+        RegenConfig(target_dir=str(tmp_path), out=str(tmp_path / "o"), prompts="tiny_prompts", cpu_threads_bind=choice).validate()

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from blockdraft.errors import ConfigError
 from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.optim import check_optim_config
 from blockdraft.train.target_sharding import check_strategy
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
@@ -33,6 +34,7 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
     if not t.feature_noise_std >= 0:
         raise ConfigError(f"train.feature_noise_std={t.feature_noise_std}: use 0 (off) or a positive standard deviation.")
     check_loss_weights(t)
+    check_optim_config(cfg.optim)
     if t.attention_backend not in ATTENTION_BACKENDS:
         raise ConfigError(f"train.attention_backend={t.attention_backend!r}; use one of {list(ATTENTION_BACKENDS)}.")
     if cfg.draft.block_size < 2:
@@ -137,11 +139,6 @@ def check_store_options(cfg: TrainAppConfig) -> None:
     from blockdraft.data.feature_store import FeatureStore
 
     FeatureStore.open(cfg.data.features)
-    if cfg.init_from_target:
-        raise ConfigError(
-            "init_from_target=true copies the target's decoder layers, which training from a feature store "
-            "(data.features) never loads; drop init_from_target, or train online (data.features=null)."
-        )
     if cfg.distributed.target_sharding != "none":
         raise ConfigError(
             f"distributed.target_sharding={cfg.distributed.target_sharding}: from a feature store (data.features) "

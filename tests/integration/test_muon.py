@@ -62,3 +62,15 @@ def test_muon_in_float32_follows_torchs_bfloat16_iteration():
         steps[dtype] = w.detach() - 1
     torch.testing.assert_close(steps["float32"], steps["bfloat16"], atol=2e-4, rtol=0.05)
     assert build_optimizer([torch.nn.Parameter(torch.ones(4, 4))], OptimConfig(name="muon")).ns_dtype == "float32"  # auto on a CPU
+
+
+def test_fewer_newton_schulz_steps_reach_torchs_iteration_and_bad_counts_are_refused_early(tmp_path):
+    from blockdraft.train.optim import OptimConfig, build_optimizer
+
+    w = torch.nn.Parameter(torch.ones(8, 12))
+    optimizer = build_optimizer([w], OptimConfig(name="muon", muon_ns_steps=3))
+    assert optimizer.muon.param_groups[0]["ns_steps"] == 3
+    for bad in (0, -2):
+        with pytest.raises(ConfigError, match=f"optim.muon_ns_steps={bad}: run at least 1"):
+            train_tiny(tmp_path / f"ns{bad}", "optim=muon", f"optim.muon_ns_steps={bad}", "train.max_steps=2", "data.val=null")
+    assert not (tmp_path / "ns0" / "checkpoints").exists()  # refused before anything ran

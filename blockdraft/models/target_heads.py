@@ -19,7 +19,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.target_families import family_of
 
 
-def _tensor_files(directory: Path) -> Dict[str, Path]:
+def tensor_files(directory: Path) -> Dict[str, Path]:
     """Tensor name -> the safetensors file holding it (single file or HF sharded index)."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -44,6 +44,18 @@ def _read(files: Dict[str, Path], keys, what: str, directory: Path) -> torch.Ten
     raise ConfigError(f"target.path={directory}: no {what} tensor (looked for {list(keys)}); is it a causal LM directory?")
 
 
+def read_tensors(files: Dict[str, Path], names) -> Dict[str, torch.Tensor]:
+    """Only the named tensors, each file opened once (a sharded target keeps the rest on disk)."""
+    by_file: Dict[Path, list] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    out = {}
+    for path, wanted in by_file.items():
+        with safe_open(str(path), framework="pt") as f:
+            out.update({name: f.get_tensor(name) for name in wanted})
+    return out
+
+
 class TargetHeads:
     """`embed_tokens` (frozen nn.Embedding) and `lm_head_weight` of a target directory."""
 
@@ -57,7 +69,7 @@ class TargetHeads:
         directory = Path(path)
         config = json.loads((directory / "config.json").read_text())
         family = family_of(config.get("architectures"))
-        files = _tensor_files(directory)
+        files = tensor_files(directory)
         embed = _read(files, family.embed_keys, "input embedding", directory).to(device=device, dtype=dtype)
         text = config.get("text_config") or {}  # a multimodal config may keep the tie inside
         tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))

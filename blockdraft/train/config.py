@@ -116,7 +116,8 @@ class TrainAppConfig:
     resume: str = "never"
     """never | auto (latest checkpoint if any) | must (fail if none) | a checkpoint path."""
     init_from_target: bool = False
-    """Start the draft's layers, final norm and fc from the target's last layers (see models/init_from_target.py)."""
+    """Start the draft's layers, final norm and fc from the target's last layers (see models/init_from_target.py);
+    from a feature store only those tensors are read from the target's safetensors."""
     overwrite: bool = False
     """Start afresh in a run_dir that already holds a run (its metrics and checkpoints are deleted)."""
     init_from: Optional[str] = None

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from blockdraft import faults
 from blockdraft.models import build_draft
-from blockdraft.models.init_from_target import init_draft_from_target
+from blockdraft.models.init_from_target import init_draft_from_safetensors, init_draft_from_target
 from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
 from blockdraft.models.target_families import load_text_config
@@ -151,8 +151,8 @@ class Trainer:
     def _datasets(self, store):
         cfg, b = self.cfg, self.draft_cfg.block_size
         if store is not None:
-            val = load_store_split(store, "val", b) if cfg.data.val else None
-            return load_store_split(store, "train", b), val
+            val = load_store_split(store, "val", b, cfg.data.max_rows) if cfg.data.val else None
+            return load_store_split(store, "train", b, cfg.data.max_rows), val
         train = load_split(cfg.data.train, self.tokenizer, cfg.data, "train", self.dist, b)
         return train, (load_split(cfg.data.val, self.tokenizer, cfg.data, "val", self.dist, b) if cfg.data.val else None)
 
@@ -165,7 +165,9 @@ class Trainer:
             return draft
         draft = build_draft(self.draft_cfg)
         if self.cfg.init_from_target:
-            copied = init_draft_from_target(draft, hf_model)
+            # From a feature store the target's layers were never built: read the copied ones from its files.
+            copied = (init_draft_from_target(draft, hf_model) if hf_model is not None
+                      else init_draft_from_safetensors(draft, self.cfg.target.path))
             if self.dist.is_main:
                 print(f"[init] from the target: {', '.join(copied)}", flush=True)
         return draft

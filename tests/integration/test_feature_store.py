@@ -166,6 +166,19 @@ def test_store_rows_carry_the_position_ids_training_derives(fp32_store):
     assert batch["features"].shape == (1, n, 2 * 64)
 
 
+def test_max_rows_reads_the_first_rows_of_a_store_split(fp32_store):
+    """data.max_rows means the same from a store as from a file: the first rows, in order."""
+    from blockdraft.data.feature_store import FeatureStore, FeatureStoreDataset
+
+    store = FeatureStore.open(fp32_store)
+    every, first_two = FeatureStoreDataset(store, "train"), FeatureStoreDataset(store, "train", max_rows=2)
+    assert len(every) > 2 and len(first_two) == 2
+    assert torch.equal(first_two[1]["input_ids"], every[1]["input_ids"])
+    with pytest.raises(IndexError):
+        first_two[2]
+    assert len(FeatureStoreDataset(store, "train", max_rows=10_000)) == len(every)
+
+
 def test_resume_and_ddp_from_a_store_train_what_one_run_trains(fp32_store, tmp_path):
     store = [f"data.features={fp32_store}", "data.val=null", "train.log_every=1", "train.micro_batch_size=2"]
     two = _launch([*store, "train.max_steps=4", "train.save_every=2", "train.keep_last=5"], tmp_path / "two", nproc=2)

@@ -100,3 +100,27 @@ def test_init_from_target_copies_the_last_layers(tiny_hf):
     torch.testing.assert_close(draft.fc(feats), feats[..., 64:])  # passes the deepest feature through
     assert "layers.1.self_attn.o_proj.weight" in copied
     assert not any("attention_conv" in name or "candidate_selector" in name for name in copied)
+
+
+def test_init_from_target_reads_the_same_weights_from_safetensors(tiny_hf, tmp_path):
+    """From a feature store the target's layers are never built: the copy reads them from its files."""
+    from blockdraft.models.init_from_target import init_draft_from_safetensors, init_draft_from_target
+
+    tiny_hf.save_pretrained(tmp_path, safe_serialization=True)
+    from_model, from_files = make_draft(tiny_hf, "dflash", num_layers=2), make_draft(tiny_hf, "dflash", num_layers=2, seed=5)
+    copied = init_draft_from_target(from_model, tiny_hf)
+    assert init_draft_from_safetensors(from_files, tmp_path) == copied
+    for (name, a), (_, b) in zip(from_model.state_dict().items(), from_files.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_init_from_target_names_a_target_without_layer_tensors(tiny_hf, tmp_path):
+    from safetensors.torch import save_file
+
+    from blockdraft.errors import ConfigError
+    from blockdraft.models.init_from_target import init_draft_from_safetensors
+
+    tiny_hf.config.save_pretrained(tmp_path)
+    save_file({"model.embed_tokens.weight": tiny_hf.model.embed_tokens.weight.detach().clone()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ConfigError, match="no decoder layer tensors"):
+        init_draft_from_safetensors(make_draft(tiny_hf, "dflash"), tmp_path)

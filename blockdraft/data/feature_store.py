@@ -224,9 +224,9 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
     rank touches only the rows of its own slice. (`collate` derives position ids from the
     document lengths; they equal the stored `position_ids`, which other readers use.)"""
 
-    def __init__(self, store: FeatureStore, split: str):
+    def __init__(self, store: FeatureStore, split: str, max_rows: Optional[int] = None):
         store.verify(split)
-        self.store, self.split_name = store, split
+        self.store, self.split_name, self.max_rows = store, split, max_rows
         self.shards: List[_Shard] = []
         starts = [0]
         for shard in store.split(split)["shards"]:
@@ -238,7 +238,8 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
         self.shard_starts = starts  # row index where each shard begins (+ the total)
 
     def __len__(self) -> int:
-        return self.shard_starts[-1]
+        """The split's rows, or its first `max_rows` (data.max_rows, as for a data file)."""
+        return self.shard_starts[-1] if self.max_rows is None else min(self.max_rows, self.shard_starts[-1])
 
     def _locate(self, index: int):
         if not 0 <= index < len(self):

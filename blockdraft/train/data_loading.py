@@ -74,10 +74,10 @@ def open_training_store(cfg, target_config, tokenizer, layer_ids):
     return store
 
 
-def load_store_split(store, name: str, block_size: int):
+def load_store_split(store, name: str, block_size: int, max_rows=None):
     from blockdraft.data.feature_store import FeatureStoreDataset
 
-    dataset = FeatureStoreDataset(store, name)
+    dataset = FeatureStoreDataset(store, name, max_rows)
     _require_anchors(dataset, block_size, name, store.root)
     return dataset
 

@@ -92,6 +92,15 @@ def test_training_from_a_store_never_loads_the_target_layers(fp32_store, tmp_pat
     assert len(_train_rows(run)) == 3
 
 
+def test_init_from_target_from_a_store_starts_where_online_init_does(fp32_store, tmp_path, capsys):
+    """From a store the copied layers come from the target's files, without building its decoder."""
+    online = train_tiny(tmp_path / "online", "train.max_steps=1", "train.log_every=1", "init_from_target=true", "data.val=null")
+    stored = train_tiny(tmp_path / "stored", "train.max_steps=1", "train.log_every=1", "init_from_target=true",
+                        "data.val=null", f"data.features={fp32_store}")
+    assert capsys.readouterr().out.count("[init] from the target: layers.0.") == 2
+    torch.testing.assert_close(_train_rows(stored)[0]["loss"], _train_rows(online)[0]["loss"], rtol=1e-4, atol=1e-4)
+
+
 def test_a_store_of_other_layers_or_lengths_is_refused_naming_them(fp32_store, tmp_path):
     with pytest.raises(ConfigError) as err:
         train_tiny(tmp_path / "a", f"data.features={fp32_store}", "draft.target_layer_ids=[2,4]")

@@ -42,7 +42,11 @@ class ServeConfig:
     max_tokens: int = 64
     """Tokens generated per prompt."""
     rounds: int = 2
-    """Baseline/draft pairs, each run on a fresh server, the order alternating; the speedup is their median."""
+    """Baseline/draft pairs, the order alternating, each on fresh servers (unless keep_servers); the speedup is their median."""
+    keep_servers: bool = False
+    """Keep one baseline and one draft server up for all the rounds, both in memory at once (the idle one
+    only waits), instead of a fresh pair per round: 2 start-ups instead of 2 x rounds. CPU only: on a GPU
+    each server would claim its gpu_memory_utilization share."""
     out: str = "runs/serve"
     """Report directory: report.json, acceptance.png and the vLLM logs."""
     overwrite: bool = False

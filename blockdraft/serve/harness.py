@@ -5,12 +5,15 @@ add `--speculative-config`. The servers run one after the other (one machine, on
 model in memory at a time), each stopped before the next starts. `rounds=` repeats the
 pair on fresh servers, the order alternating (baseline first in odd rounds, draft first
 in even ones), so that a machine slowing down or speeding up mid-run shows in the spread
-instead of deciding the ratio. A DFlash2 draft that the serving vLLM cannot run goes to
-the reference engine instead, and the report says so.
+instead of deciding the ratio. On a CPU `keep_servers=true` keeps one server of each up
+for every round instead (both in memory, the idle one waiting): the same alternation with
+two start-ups. A DFlash2 draft that the serving vLLM cannot run goes to the reference
+engine instead, and the report says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
@@ -45,6 +48,9 @@ def run(cfg: ServeConfig) -> dict:
     plan = plan_serving(cfg)
     for warning in plan.warnings:
         say(f"warning: {warning}")
+    if cfg.keep_servers and plan.engine == "vllm" and plan.device != "cpu":
+        raise ConfigError(f"keep_servers=true runs the baseline and the draft server at once, which on {plan.device} would "
+                          "each claim their gpu_memory_utilization share; set keep_servers=false (a fresh pair per round).")
     record = _new_record(cfg, plan)
     prompts = _prompts(cfg, record)
     try:
@@ -86,6 +92,7 @@ def _new_record(cfg: ServeConfig, plan: Plan) -> RunRecord:
         "max_tokens": cfg.max_tokens,
         "min_acceptance_length": cfg.min_acceptance_length,
         "rounds_planned": rounds_for(cfg, plan),
+        "keep_servers": cfg.keep_servers,
     }
     # The machine and (below) vLLM's thread binding: the same recipe gave 0.93x and 1.27x on two
     # machines of one kind, so a report says where it ran.
@@ -132,12 +139,21 @@ def speculative_config(plan: Plan) -> dict:
 
 def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record: RunRecord) -> None:
     speculative = speculative_config(plan)
-    for number in range(1, record.planned_rounds + 1):
-        round_ = Round(order=PHASES if number % 2 else PHASES[::-1])
-        record.rounds.append(round_)
-        for phase in round_.order:
-            completions = serve_and_generate(cfg, plan, prompts, record, phase, speculative if phase == "draft" else None, number)
-            setattr(round_, phase, completions)
+    with contextlib.ExitStack() as kept:
+        servers = {}
+        if cfg.keep_servers:  # both up before round 1, in its order; each is stopped when the rounds end
+            for phase in PHASES:
+                servers[phase] = kept.enter_context(start_server(cfg, plan, record, phase, speculative if phase == "draft" else None, 1))
+        for number in range(1, record.planned_rounds + 1):
+            round_ = Round(order=PHASES if number % 2 else PHASES[::-1])
+            record.rounds.append(round_)
+            for phase in round_.order:
+                spec = speculative if phase == "draft" else None
+                if cfg.keep_servers:
+                    completions = generate_on(cfg, servers[phase], prompts, record, phase, spec is not None, number)
+                else:
+                    completions = serve_and_generate(cfg, plan, prompts, record, phase, spec, number)
+                setattr(round_, phase, completions)
     runner = runner_from_log(Path(cfg.out) / log_name("draft", 1))
     record.environment["runner"] = runner
     for phase in PHASES:
@@ -165,26 +181,46 @@ def serve_and_generate(
 ) -> List[Completion]:
     """One fresh server for `phase` (with the draft when `speculative` is given): start it, generate
     every prompt (timed, the draft's counters read around them), stop it."""
-    model = str(Path(cfg.target_dir).resolve())
+    with start_server(cfg, plan, record, phase, speculative, number) as server:
+        completions = generate_on(cfg, server, prompts, record, phase, speculative is not None, number)
+    say(f"{_label(record, phase, number)}: server stopped")
+    return completions
+
+
+@contextlib.contextmanager
+def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, speculative: Optional[dict], number: int):
     args, env = server_arguments(cfg, plan.device)
     log_path = Path(cfg.out) / log_name(phase, number)
-    label = phase if record.planned_rounds == 1 else f"round {number}/{record.planned_rounds} {phase}"
-    key = f"{phase}{phase_suffix(number)}"
+    label = _label(record, phase, number) if not cfg.keep_servers else f"{phase} (kept for every round)"
     say(f"{label}: starting vLLM (log: {log_path})")
     log_path.unlink(missing_ok=True)
     with VllmServer(
-        cfg.vllm_python_path(), model, log_path=log_path, speculative_config=speculative,
+        cfg.vllm_python_path(), _model(cfg), log_path=log_path, speculative_config=speculative,
         args=args, env=env, startup_timeout_s=cfg.startup_timeout_s,
     ) as server:
-        record.timings_s[f"startup_{key}"] = server.startup_s
+        record.timings_s[f"startup_{phase}{phase_suffix(number)}"] = server.startup_s
         say(f"{label}: server up on {server.url} after {server.startup_s:.1f} s")
-        try:
-            completions = _generate(cfg, server, model, prompts, record, key, speculative is not None)
-        except RequestError as err:
-            state = "is still up" if server.alive() else "has exited"
-            raise ServerError(f"the {label} run failed: {err}\nThe server {state}; {server.tail_message()}") from None
-    say(f"{label}: {len(completions)} prompts in {record.timings_s[f'generation_{key}']:.1f} s; server stopped")
+        yield server
+
+
+def generate_on(cfg: ServeConfig, server: VllmServer, prompts, record: RunRecord, phase: str, speculative: bool,
+                number: int) -> List[Completion]:
+    label, key = _label(record, phase, number), f"{phase}{phase_suffix(number)}"
+    try:
+        completions = _generate(cfg, server, _model(cfg), prompts, record, key, speculative)
+    except RequestError as err:
+        state = "is still up" if server.alive() else "has exited"
+        raise ServerError(f"the {label} run failed: {err}\nThe server {state}; {server.tail_message()}") from None
+    say(f"{label}: {len(completions)} prompts in {record.timings_s[f'generation_{key}']:.1f} s")
     return completions
+
+
+def _label(record: RunRecord, phase: str, number: int) -> str:
+    return phase if record.planned_rounds == 1 else f"round {number}/{record.planned_rounds} {phase}"
+
+
+def _model(cfg: ServeConfig) -> str:
+    return str(Path(cfg.target_dir).resolve())
 
 
 def _generate(

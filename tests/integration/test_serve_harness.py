@@ -63,6 +63,31 @@ def test_one_round_serves_each_side_once(setup):
     assert not (Path(setup.out) / "vllm_draft_round2.log").exists()
 
 
+def test_kept_servers_serve_every_round_with_two_start_ups(setup):
+    setup.keep_servers = True
+    report = harness.run(setup)
+    assert report["passed"] and report["lossless"] and report["keep_servers"]
+    assert sorted(k for k in report["timings_s"] if k.startswith("startup_")) == ["startup_baseline", "startup_draft"]
+    assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"], ["draft", "baseline"]]
+    # The counters are read around each round's draft run: the same server, counted once per round.
+    assert report["mean_acceptance_length"] == pytest.approx(2.5)
+    assert report["tokens_generated"] == {"baseline": 128, "draft": 128}
+    assert sorted(p.name for p in Path(setup.out).glob("vllm_*.log")) == ["vllm_baseline.log", "vllm_draft.log"]
+
+
+def test_kept_servers_are_refused_on_a_gpu_before_any_server_starts(setup, monkeypatch):
+    import dataclasses
+
+    from blockdraft.errors import ConfigError
+
+    planned = harness.plan_serving
+    monkeypatch.setattr(harness, "plan_serving", lambda cfg: dataclasses.replace(planned(cfg), device="cuda"))
+    setup.keep_servers = True
+    with pytest.raises(ConfigError, match="keep_servers=true runs the baseline and the draft server at once"):
+        harness.run(setup)
+    assert not Path(setup.out).exists()
+
+
 def test_a_differing_draft_run_is_reported_with_prompt_and_position(setup, monkeypatch):
     monkeypatch.setenv("FAKE_FLIP", "1")
     report = harness.run(setup)

@@ -1,11 +1,14 @@
 """What regeneration and capture can give back to training: one lever at a time, on SmolLM2-135M.
 
     .venv/bin/python scripts/bench_stage_levers.py regen   [--rows 96] [--workers 32] [--rounds 1]
+    .venv/bin/python scripts/bench_stage_levers.py workers [--rows 96] [--workers-list 32 64 96] [--rounds 1]
     .venv/bin/python scripts/bench_stage_levers.py capture [--rows 64] [--train-rows .cache/demo/regen/train.jsonl]
 
 regen    `python -m blockdraft.data.regen` on the same ShareGPT rows with vLLM's OpenMP threads bound
          its own way (auto: every core but one, kept for the engine loop) and on every core (all),
          alternating; generated tokens/s from regen.json.
+workers  the same regeneration on every core with each number of requests in flight (`regen.workers`,
+         which is also vLLM's max_num_seqs), in an order that alternates between rounds.
 capture  `python -m blockdraft.data.capture` of the same rows of the demo's regenerated training set,
          float32 in the store so only the computation differs: rows per target forward 1, 4 and 8,
          and bfloat16 matmuls; tokens/s, and the features' relative error against the float32 capture.
@@ -47,11 +50,7 @@ def regen(args, tmp: Path) -> str:
     for round_number in range(1, args.rounds + 1):
         order = ("auto", "all") if round_number % 2 else ("all", "auto")
         for bind in order:
-            out = tmp / f"regen-{bind}-{round_number}"
-            run([sys.executable, "-m", "blockdraft.data.regen", f"target={TARGET}", f"out={out}", "prompts=sharegpt",
-                 f"num_train={args.rows}", "num_heldout=0", "max_tokens=128", "max_prompt_tokens=256",
-                 f"workers={args.workers}", f"cpu_threads_bind={bind}", "progress=false"])
-            manifest = json.loads((out / "regen.json").read_text())
+            manifest = regen_run(args, tmp / f"regen-{bind}-{round_number}", args.workers, bind)
             split = manifest["splits"]["train"]["last_run"]
             rows.append((round_number, bind, split["tokens"], split["seconds"], split["tokens_per_s"],
                          manifest.get("vllm_omp_binding")))
@@ -62,6 +61,26 @@ def regen(args, tmp: Path) -> str:
     ratio = (sum(by["all"]) / len(by["all"])) / (sum(by["auto"]) / len(by["auto"]))
     return "\n".join(table) + (f"\n\nEvery core against vLLM's default: {ratio:.2f}x the generated tokens/s "
                                f"({args.rows} ShareGPT rows, {args.workers} in flight, replies of at most 128 tokens).")
+
+
+def regen_run(args, out: Path, workers: int, bind: str) -> dict:
+    run([sys.executable, "-m", "blockdraft.data.regen", f"target={TARGET}", f"out={out}", "prompts=sharegpt",
+         f"num_train={args.rows}", "num_heldout=0", "max_tokens=128", "max_prompt_tokens=256",
+         f"workers={workers}", f"cpu_threads_bind={bind}", "progress=false"])
+    return json.loads((out / "regen.json").read_text())
+
+
+def workers(args, tmp: Path) -> str:
+    rows = []
+    for round_number in range(1, args.rounds + 1):
+        order = args.workers_list if round_number % 2 else args.workers_list[::-1]
+        for n in order:
+            split = regen_run(args, tmp / f"regen-{n}-{round_number}", n, "all")["splits"]["train"]["last_run"]
+            rows.append((round_number, n, split["tokens"], split["seconds"], split["tokens_per_s"]))
+    table = ["| round | `regen.workers` | tokens | seconds | generated tokens/s |", "|---|---|---|---|---|"]
+    table += [f"| {r} | {n} | {t} | {s:.1f} | {tps:.1f} |" for r, n, t, s, tps in rows]
+    return "\n".join(table) + (f"\n\n{args.rows} ShareGPT rows, replies of at most 128 tokens, "
+                               "`regen.cpu_threads_bind=all`.")
 
 
 def capture(args, tmp: Path) -> str:
@@ -94,18 +113,20 @@ def capture(args, tmp: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("section", choices=("regen", "capture"))
+    parser.add_argument("section", choices=("regen", "workers", "capture"))
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--workers-list", type=int, nargs="+", default=[32, 64, 96])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--train-rows", default=str(REPO / ".cache" / "demo" / "regen" / "train.jsonl"))
     args = parser.parse_args()
-    args.rows = args.rows or (96 if args.section == "regen" else 64)
+    args.rows = args.rows or (64 if args.section == "capture" else 96)
     if not (TARGET / "config.json").is_file():
         sys.exit(f"no target at {TARGET}: `make demo` (or python -m blockdraft.models.prepare_gguf) prepares it")
     with tempfile.TemporaryDirectory() as tmp:
-        body = regen(args, Path(tmp)) if args.section == "regen" else capture(args, Path(tmp))
-    title = {"regen": "Regeneration: vLLM's CPU thread binding", "capture": "Capture: rows per forward and bfloat16"}
+        body = {"regen": regen, "workers": workers, "capture": capture}[args.section](args, Path(tmp))
+    title = {"regen": "Regeneration: vLLM's CPU thread binding", "workers": "Regeneration: requests in flight",
+             "capture": "Capture: rows per forward and bfloat16"}
     doc = write_section(f"stage_levers_{args.section}", title[args.section], provenance(command_line()) + "\n" + body)
     print(body)
     print(f"written to {doc}")

@@ -1,0 +1,109 @@
+"""What a training budget buys on SmolLM2-135M: held-out accept_len against training minutes and
+training rows, for one recipe, from a feature store; a table and a plot in docs/benchmarks.md.
+
+    .venv/bin/python scripts/bench_scaling.py --store DIR [--minutes 3 6 12] [--rows 500 1000]
+        [--step-time S] [--recipe OVERRIDE ...] [--serve-report LABEL=report.json ...]
+
+The store holds the demo's training rows and the held-out rows as its val split (as for
+bench_levers.py); `--rows N` trains on its first N rows (data.max_rows). A budget of M minutes
+is M*60 / step-time steps, the step time measured by a probe once per recipe, or given with
+--step-time (e.g. the lever table's, measured on an idle machine). Steps, not seconds, fix a
+point, so the points may run while the machine does other work; the minutes they stand for are
+the idle machine's. Each point is kept in <out>/results.json as it finishes: a rerun skips
+the points it has (resumable). Smoke-serve reports of drafts trained with the same recipe add
+vLLM's own acceptance at their budgets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench_serve import FIGURES, command_line, provenance, write_section
+from budget_runs import EXPERIMENT, PROBE_STEPS, step_seconds, train
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for rows in sorted({r["rows"] for r in results.values()}):
+        points = sorted((r["minutes"], r["val_accept_len"]) for r in results.values() if r["rows"] == rows)
+        ax.plot(*zip(*points), marker="o", label=f"{rows} rows")
+    ax.set_xlabel("training minutes (idle 2-core CPU)")
+    ax.set_ylabel("held-out accept_len (block 4)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def section(results: dict, args, step_time: float, figure: Path) -> str:
+    lines = ["| rows | minutes | steps | passes over the rows | held-out accept_len | acc slot 1 / 2 / 3 |", "|---|---|---|---|---|---|"]
+    for r in sorted(results.values(), key=lambda r: (r["rows"], r["minutes"])):
+        acc = " / ".join(f"{a:.3f}" for a in r["val_acc"])
+        lines.append(f"| {r['rows']} | {r['minutes']:g} | {r['steps']} | {r['steps'] / r['rows']:.1f} | "
+                     f"{r['val_accept_len']:.3f} | {acc} |")
+    served = [f"- {label}: vLLM mean acceptance length {rep['mean_acceptance_length']:.3f}, median speedup "
+              f"{rep['speedup']:.2f}x" for label, rep in reports(args.serve_report)]
+    setting = (f"Recipe: `experiment={EXPERIMENT} {' '.join(args.recipe)}` from the feature store `{args.store}`, one row per "
+               f"step; the first N rows of the demo's regenerated rows (data.max_rows); a minute is {60 / step_time:.0f} "
+               f"steps ({step_time:.3f} s a step on an idle machine); validated once at the end on the 48 held-out rows.\n")
+    body = provenance(command_line()) + "\n" + setting + "\n" + "\n".join(lines) + "\n"
+    if served:
+        body += "\nvLLM on the held-out prompts (smoke-serve reports of drafts of this recipe):\n\n" + "\n".join(served) + "\n"
+    return body + f"\n![accept_len against training minutes]({figure.relative_to(FIGURES.parent)})\n"
+
+
+def reports(pairs):
+    for pair in pairs:
+        label, _, path = pair.partition("=")
+        yield label, json.loads(Path(path).read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--train-rows", default=".cache/demo/regen/train.jsonl")
+    parser.add_argument("--val-rows", default=".cache/demo/regen/heldout.jsonl")
+    parser.add_argument("--minutes", type=float, nargs="+", default=[3.0, 6.0, 12.0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[500, 1000])
+    parser.add_argument("--recipe", nargs="*", default=[], help="overrides of the recipe measured")
+    parser.add_argument("--step-time", type=float, default=None, help="seconds per step on an idle machine; default: probe")
+    parser.add_argument("--serve-report", nargs="*", default=[], help="LABEL=report.json of a draft of this recipe")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=".cache/bench/scaling")
+    args = parser.parse_args()
+    out = Path(args.out)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    step_time = args.step_time or step_seconds(
+        train(out / "probe", args.store, args.train_rows, args.val_rows, PROBE_STEPS, args.seed, args.recipe, validate=False))
+    for rows in args.rows:
+        for minutes in args.minutes:
+            key = f"{rows}@{minutes:g}"
+            if key in results:
+                print(f"{key}: kept from {results_path}")
+                continue
+            steps = round(minutes * 60 / step_time)
+            records = train(out / key, args.store, args.train_rows, args.val_rows, steps, args.seed,
+                            [*args.recipe, f"data.max_rows={rows}"])
+            val = [r for r in records if r.get("split") == "val"][-1]
+            results[key] = {"rows": rows, "minutes": minutes, "steps": steps, "val_accept_len": val["val/accept_len"],
+                            "val_acc": val["val/acc_per_slot"]}
+            out.mkdir(parents=True, exist_ok=True)
+            results_path.write_text(json.dumps(results, indent=2) + "\n")
+            print(key, results[key], flush=True)
+    figure = FIGURES / "scaling.png"
+    plot(results, figure)
+    title = "What a budget buys: held-out accept_len against training minutes and rows (SmolLM2-135M)"
+    print(f"wrote {write_section('scaling', title, section(results, args, step_time, figure))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -47,6 +47,12 @@ class DataConfig:
         chosen = self.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
         return Path(chosen).expanduser()
 
+    def check_max_rows(self) -> None:
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(
+                f"data.max_rows={self.max_rows!r} must be 1 or more; set null to read every row"
+            )
+
     def validate(self, require_train: bool = True) -> None:
         """Cheap checks that catch a typo before any tokenisation starts."""
         if require_train and not self.train:
@@ -65,10 +71,7 @@ class DataConfig:
                 f"data.overlong={self.overlong!r} is not one of {', '.join(OVERLONG_CHOICES)}; "
                 "pick `truncate` to keep the head of a long conversation or `drop` to skip it"
             )
-        if self.max_rows is not None and self.max_rows < 1:
-            raise ConfigError(
-                f"data.max_rows={self.max_rows!r} must be 1 or more; set null to read every row"
-            )
+        self.check_max_rows()
         if not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(
                 f"data.chat_template_kwargs={self.chat_template_kwargs!r} is not a mapping; "

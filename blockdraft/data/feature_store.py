@@ -270,19 +270,20 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
 
     def reply_tokens(self) -> torch.Tensor:
         """Every supervised token id of the split (for the draft vocabulary), without reading features."""
-        out = []
-        for shard in self.shards:
-            f = self._handle(shard)
-            out.append(f.get_tensor("input_ids")[f.get_tensor("loss_mask")].long())
-        return torch.cat(out)
+        return torch.cat([ids[mask].long() for ids, mask in self._token_columns()])
 
     def reply_end_tokens(self) -> torch.Tensor:
         """The last supervised token of every reply (end-of-turn tokens)."""
-        out = []
-        for shard in self.shards:
-            f = self._handle(shard)
-            out.append(reply_ends(f.get_tensor("input_ids").long(), f.get_tensor("loss_mask").bool()))
-        return torch.cat(out)
+        return torch.cat([reply_ends(ids.long(), mask.bool()) for ids, mask in self._token_columns()])
+
+    def _token_columns(self):
+        """(input_ids, loss_mask) of each shard's rows within len(self): whole rows, so no reply is cut."""
+        for shard, start in zip(self.shards, self.shard_starts):
+            rows = min(len(self) - start, len(shard.row_offsets) - 1)
+            if rows <= 0:
+                return
+            f, end = self._handle(shard), int(shard.row_offsets[rows])
+            yield f.get_slice("input_ids")[:end], f.get_slice("loss_mask")[:end].bool()
 
     def __getstate__(self):
         # Open handles do not pickle (DataLoader workers): each process opens its own.

@@ -139,6 +139,7 @@ def check_store_options(cfg: TrainAppConfig) -> None:
     from blockdraft.data.feature_store import FeatureStore
 
     FeatureStore.open(cfg.data.features)
+    cfg.data.check_max_rows()
     if cfg.distributed.target_sharding != "none":
         raise ConfigError(
             f"distributed.target_sharding={cfg.distributed.target_sharding}: from a feature store (data.features) "

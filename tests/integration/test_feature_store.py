@@ -177,6 +177,7 @@ def test_store_rows_carry_the_position_ids_training_derives(fp32_store):
 
 def test_max_rows_reads_the_first_rows_of_a_store_split(fp32_store):
     """data.max_rows means the same from a store as from a file: the first rows, in order."""
+    from blockdraft.data.dataset import reply_ends
     from blockdraft.data.feature_store import FeatureStore, FeatureStoreDataset
 
     store = FeatureStore.open(fp32_store)
@@ -186,6 +187,14 @@ def test_max_rows_reads_the_first_rows_of_a_store_split(fp32_store):
     with pytest.raises(IndexError):
         first_two[2]
     assert len(FeatureStoreDataset(store, "train", max_rows=10_000)) == len(every)
+    # The draft vocabulary is chosen from those rows only.
+    rows = [first_two[i] for i in range(2)]
+    assert torch.equal(first_two.reply_tokens(), torch.cat([r["input_ids"][r["loss_mask"]] for r in rows]))
+    ids, mask = torch.cat([r["input_ids"] for r in rows]), torch.cat([r["loss_mask"] for r in rows])
+    assert torch.equal(first_two.reply_end_tokens(), reply_ends(ids, mask))
+    assert torch.equal(every.reply_tokens(), torch.cat([every[i]["input_ids"][every[i]["loss_mask"]] for i in range(len(every))]))
+    with pytest.raises(ConfigError, match="data.max_rows=0 must be 1 or more"):
+        train_tiny(fp32_store.parent / "max-rows-0", f"data.features={fp32_store}", "data.max_rows=0")
 
 
 def test_resume_and_ddp_from_a_store_train_what_one_run_trains(fp32_store, tmp_path):

@@ -93,15 +93,13 @@ STORE_FULL_TOP_K = 32
 
 
 def capture_compute_dtype(cfg: CaptureAppConfig, device: torch.device) -> torch.dtype:
-    from blockdraft.machine import machine_facts
+    from blockdraft.machine import fast_cpu_bfloat16
     from blockdraft.train.setup import resolve_dtype
 
     if cfg.compute_dtype == "train":
         return resolve_dtype(cfg.train.dtype, device)
     if cfg.compute_dtype == "auto":
-        facts = machine_facts() if device.type == "cpu" else {}
-        fast = device.type != "cpu" or facts.get("avx512_bf16") or facts.get("amx")
-        return torch.bfloat16 if fast else torch.float32
+        return torch.bfloat16 if device.type != "cpu" or fast_cpu_bfloat16() else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.compute_dtype]
 
 

@@ -10,6 +10,7 @@ from typing import List, Optional
 import torch
 
 from blockdraft.errors import ConfigError
+from blockdraft.machine import fast_cpu_bfloat16
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -37,9 +38,8 @@ class OptimConfig:
     """Newton-Schulz iterations per Muon step (torch's default 5): fewer make a step cheaper on a CPU,
     where they dominate it, and orthogonalise the update less exactly."""
     muon_ns_dtype: str = "auto"
-    """Dtype of Muon's Newton-Schulz iteration: auto (bfloat16, torch's own, on CUDA; float32 on a CPU,
-    where bfloat16 matmuls run about 28x slower than float32 on the 2-core x86 machines measured) |
-    bfloat16 | float32."""
+    """Dtype of Muon's Newton-Schulz iteration: auto (bfloat16, torch's own, on CUDA and on a CPU with
+    AVX512-BF16 or AMX; float32 on other CPUs, where bfloat16 matmuls ran about 28x slower) | bfloat16 | float32."""
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -60,7 +60,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
         self._zero_grad_profile_name = "MuonWithAdamW.zero_grad"
         on_cuda = any(p.is_cuda for p in matrices)
-        self.ns_dtype = cfg.muon_ns_dtype if cfg.muon_ns_dtype != "auto" else ("bfloat16" if on_cuda else "float32")
+        self.ns_dtype = cfg.muon_ns_dtype if cfg.muon_ns_dtype != "auto" else (
+            "bfloat16" if on_cuda or fast_cpu_bfloat16() else "float32")
 
     @property
     def param_groups(self):

@@ -7,13 +7,13 @@ from blockdraft.data import capture
 from blockdraft.data.capture import CaptureAppConfig, capture_compute_dtype
 
 
-@pytest.mark.parametrize("facts,want", [({"avx512_bf16": True, "amx": False}, torch.bfloat16),
-                                        ({"avx512_bf16": False, "amx": True}, torch.bfloat16),
-                                        ({"avx512_bf16": False, "amx": False}, torch.float32)])
-def test_auto_takes_bfloat16_on_a_cpu_with_avx512_bf16_or_amx_only(monkeypatch, facts, want):
+@pytest.mark.parametrize("flags,want", [("fpu avx512f avx512_bf16", torch.bfloat16),
+                                        ("fpu avx512f amx_tile amx_bf16", torch.bfloat16),
+                                        ("fpu avx2 avx512f", torch.float32)])
+def test_auto_takes_bfloat16_on_a_cpu_with_avx512_bf16_or_amx_only(monkeypatch, flags, want):
     import blockdraft.machine
 
-    monkeypatch.setattr(blockdraft.machine, "machine_facts", lambda: facts)
+    monkeypatch.setattr(blockdraft.machine, "_read", lambda path: f"model name : x\nflags : {flags}\n")
     assert capture_compute_dtype(CaptureAppConfig(compute_dtype="auto"), torch.device("cpu")) == want
     assert capture_compute_dtype(CaptureAppConfig(compute_dtype="auto"), torch.device("cuda")) == torch.bfloat16
 

@@ -33,10 +33,15 @@ PRESET = [
     f"target={TARGET_DIR}", "prompts=sharegpt", "experiment=smollm2_dflash_cpu", "out=.cache/demo", "store=true",
     "regen.num_train=1000", "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
     "regen.workers=32",
+    # The target's forward in bfloat16 where the CPU has AVX512-BF16 or AMX (float32 elsewhere), 8 rows
+    # at a time: 1.76x the capture's tokens/s of one float32 row (docs/benchmarks.md, stage_levers_capture).
+    "capture.compute_dtype=auto", "capture.rows_per_forward=8",
     # No validation split: the serve stage measures acceptance on the held-out prompts in vLLM
     # itself, and the minutes a validation pass (and its capture) would take go to training.
     "data.val=null",
     "serve.num_prompts=16", "serve.max_tokens=128", "serve.rounds=2",
+    # One baseline and one draft server for both rounds (vLLM on a CPU): two start-ups of ~30 s instead of four.
+    "serve.keep_servers=true",
 ]
 
 

@@ -26,12 +26,18 @@ LEVERS = [
     ("base", "the demo recipe (AdamW, 1 layer, 64 anchors, fp32)", []),
     ("all_anchors", "every valid anchor of a row (replies are at most 128 tokens)", ["train.num_anchors=128"]),
     ("two_layers", "two draft layers", ["draft.num_layers=2"]),
+    # 8,230 distinct ids in the 1000 training replies: the other 8,154 rows of a 16384 head are the
+    # lowest unused ids, which still cover 96.2% of the held-out reply tokens against 92.1%.
+    ("head_16384", "a 16384-token draft head", ["draft.draft_vocab_size=16384"]),
     ("init_from_target", "layers, norm and fc started from the target's last layer (read from its files)",
      ["init_from_target=true"]),
     ("bf16_autocast", "the draft's matmuls in bfloat16 autocast", ["train.dtype=bfloat16"]),
     ("muon", "Muon for the matrices, Newton-Schulz in float32, 5 steps", ["optim=muon", "optim.lr=2e-3"]),
     ("muon_ns3", "Muon, 3 Newton-Schulz steps in float32", ["optim=muon", "optim.lr=2e-3", "optim.muon_ns_steps=3"]),
     ("muon_bf16", "Muon, Newton-Schulz in bfloat16 (torch's own)", ["optim=muon", "optim.lr=2e-3", "optim.muon_ns_dtype=bfloat16"]),
+    # The two that moved it, together.
+    ("muon_bf16_init", "Muon in bfloat16 and init_from_target together",
+     ["optim=muon", "optim.lr=2e-3", "optim.muon_ns_dtype=bfloat16", "init_from_target=true"]),
     ("peak_lr_3e-3", "the schedule: peak 3e-3, warm-up 2%", ["optim.lr=3e-3", "optim.warmup_ratio=0.02"]),
 ]
 

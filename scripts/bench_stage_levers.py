@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--workers-list", type=int, nargs="+", default=[32, 64, 96])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--section", dest="key", default=None,
+                        help="the docs/benchmarks.md section written (default stage_levers_<section>): another machine's table")
     parser.add_argument("--train-rows", default=str(REPO / ".cache" / "demo" / "regen" / "train.jsonl"))
     args = parser.parse_args()
     args.rows = args.rows or (64 if args.section == "capture" else 96)
@@ -127,7 +129,7 @@ def main() -> None:
         body = {"regen": regen, "workers": workers, "capture": capture}[args.section](args, Path(tmp))
     title = {"regen": "Regeneration: vLLM's CPU thread binding", "workers": "Regeneration: requests in flight",
              "capture": "Capture: rows per forward and bfloat16"}
-    doc = write_section(f"stage_levers_{args.section}", title[args.section], provenance(command_line()) + "\n" + body)
+    doc = write_section(args.key or f"stage_levers_{args.section}", title[args.section], provenance(command_line()) + "\n" + body)
     print(body)
     print(f"written to {doc}")
 

@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bench_objectives import result_key
 from bench_serve import command_line, provenance, write_section
 from budget_runs import EXPERIMENT, train_for
 
@@ -40,10 +41,6 @@ LEVERS = [
      ["optim=muon", "optim.lr=2e-3", "optim.muon_ns_dtype=bfloat16", "init_from_target=true"]),
     ("peak_lr_3e-3", "the schedule: peak 3e-3, warm-up 2%", ["optim.lr=3e-3", "optim.warmup_ratio=0.02"]),
 ]
-
-
-def result_key(name: str, seed: int) -> str:
-    return name if seed == 0 else f"{name}@{seed}"
 
 
 def section(results: dict, args) -> str:

@@ -27,12 +27,14 @@ from blockdraft.pipeline.runner import Stage
 from blockdraft.pipeline.settings import PipelineSettings, parse_overrides
 
 TARGET_DIR = ".cache/targets/smollm2-135m-instruct"
-# The 30-minute budget: 1000 training conversations (the recipe's steps see each about twice),
+# The 30-minute budget: 1500 training conversations (the recipe's 3000 steps see each twice),
 # 48 held out; serving 16 of those x 128 tokens over two honest rounds.
 PRESET = [
     f"target={TARGET_DIR}", "prompts=sharegpt", "experiment=smollm2_dflash_cpu", "out=.cache/demo", "store=true",
-    "regen.num_train=1000", "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
-    "regen.workers=32",
+    "regen.num_train=1500", "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
+    # 96 requests in flight: 1.36x the generated tokens/s of 32 on two cores (docs/benchmarks.md,
+    # stage_levers_workers_288); the minutes saved pay for the extra 500 rows.
+    "regen.workers=96",
     # The target's forward in bfloat16 where the CPU has AVX512-BF16 or AMX (float32 elsewhere), 8 rows
     # at a time: 1.76x the capture's tokens/s of one float32 row (docs/benchmarks.md, stage_levers_capture).
     "capture.compute_dtype=auto", "capture.rows_per_forward=8",

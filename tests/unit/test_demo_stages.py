@@ -7,7 +7,7 @@ from blockdraft import demo
 def test_an_override_replaces_the_preset_and_the_rest_of_the_preset_stays():
     s = demo.settings(["regen.num_train=24", "train.max_steps=16", "out=/tmp/d"])
     assert s.out == "/tmp/d" and s.experiment == "smollm2_dflash_cpu" and s.store == "true"
-    assert "num_train=24" in s.regen and "num_train=1000" not in s.regen and "workers=32" in s.regen
+    assert "num_train=24" in s.regen and "num_train=1500" not in s.regen and "workers=96" in s.regen
     assert "data.val=null" in s.recipe and s.recipe[-1] == "train.max_steps=16"
     assert s.target.endswith(demo.TARGET_DIR)
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from bench_serve import REPO, command_line, provenance, write_section
-from budget_runs import ENV, EXPERIMENT, train
+from budget_runs import ENV, EXPERIMENT, row_count, train
 
 
 def capture_float32(store: Path, train_rows: str, val_rows: str) -> Path:
@@ -43,8 +43,8 @@ def section(results: dict, args) -> str:
         r = results[key]
         acc = " / ".join(f"{a:.3f}" for a in r["val_acc"])
         lines.append(f"| `{r['store']}` | {r['compute_dtype']} | {r['seed']} | {r['steps']} | {r['val_accept_len']:.3f} | {acc} |")
-    setting = (f"Recipe: `experiment={EXPERIMENT}` for {args.steps} steps of one row from each store (the demo's 1000 "
-               "regenerated rows, float16 storage either way), validated once at the end on the 48 held-out rows, whose "
+    setting = (f"Recipe: `experiment={EXPERIMENT}` for {args.steps} steps of one row from each store (the demo's "
+               f"{row_count(args.train_rows)} regenerated rows, float16 storage either way), validated once at the end on the 48 held-out rows, whose "
                "features come from the same capture as the training rows.\n")
     return provenance(command_line()) + "\n" + setting + "\n" + "\n".join(lines) + "\n"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench_objectives import result_key
 from bench_serve import command_line, provenance, write_section
-from budget_runs import EXPERIMENT, train_for
+from budget_runs import EXPERIMENT, row_count, train_for
 
 # (name, what it tests, overrides on top of the demo recipe)
 LEVERS = [
@@ -53,7 +53,7 @@ def section(results: dict, args) -> str:
             lines.append(f"| {what} | `{' '.join(overrides) or '-'}` | {key.partition('@')[2] or '0'} | {r['steps']} | "
                          f"{r['step_time_s']:.3f} | {r['val_accept_len']:.3f} | {acc} |")
     setting = (f"Base: `experiment={EXPERIMENT} {' '.join(args.base)}`, trained from the feature store `{args.store}` (the "
-               f"demo's 1000 regenerated rows) for {args.minutes:g} minutes of its own steps, the steps set from a "
+               f"demo's {row_count(args.train_rows)} regenerated rows) for {args.minutes:g} minutes of its own steps, the steps set from a "
                "40-step probe of the same settings so the schedule ends with the budget; validated once at the end on "
                "the 48 held-out rows (accept_len: 1 + the run of correct drafted slots, as vLLM counts a round, over "
                "the draft's own vocabulary). The target's forward is not in the budget: it ran once, into the store.\n")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import List
 
 from bench_serve import REPO, command_line, provenance, write_section
+from budget_runs import row_count
 
 EXPERIMENT = "smollm2_dflash_cpu"
 # (name, what it tests, overrides on top of the base)
@@ -82,7 +83,7 @@ def section(results: dict, args) -> str:
             lines.append(f"| {what} | `{' '.join(overrides) or '-'}` | {seed} | {r['val_accept_len']:.3f} | {acc} | "
                          f"{r['first_loss']:.2f} | {r['step_time_s']:.3f} |")
     setting = (f"Base: `experiment={EXPERIMENT} {' '.join(args.base)}`, {args.steps} steps of one row from the feature "
-               f"store `{args.store}` (the demo's 1000 regenerated rows, float16), validated once at the end on the "
+               f"store `{args.store}` (the demo's {row_count(args.train_rows)} regenerated rows, float16), validated once at the end on the "
                "48 held-out rows (accept_len: 1 + the run of correct drafted slots, as vLLM counts a round, over the "
                "draft's own vocabulary). One row per option; everything else equal. Rows accumulate in "
                f"`{args.out}/results.json` over invocations (`--only` reruns some); each run stays under `{args.out}/<name>`.\n")

@@ -40,6 +40,12 @@ def train(run_dir: Path, store: str, train_rows: str, val_rows: str, steps: int,
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def row_count(rows: str) -> int:
+    """The conversations in a JSONL file of regenerated rows: what a section says it trained on."""
+    with open(REPO / rows) as f:
+        return sum(1 for line in f if line.strip())
+
+
 def training_seconds(records: List[dict]) -> float:
     """The loop's own time: each logged window's step time times its steps."""
     windows = [r for r in records if "step_time_s" in r]

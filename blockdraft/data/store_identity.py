@@ -87,7 +87,8 @@ def check_store_for_training(store: FeatureStore, target_path, target_config, la
         "tokenization": tokenization_identity(tokenizer, data),
     }
     stored = {k: store.identity.get(k) for k in TRAINING_KEYS}
-    diffs = identity_differences(stored, wanted)
+    stored_rows = _pop_max_rows(stored)
+    diffs = _rows_differences(stored_rows, _pop_max_rows(wanted)) + identity_differences(stored, wanted)
     diffs += _source_differences(store, data)
     if diffs:
         raise ConfigError(
@@ -95,6 +96,23 @@ def check_store_for_training(store: FeatureStore, target_path, target_config, la
             + "\nSet the keys above to the store's values, or capture a new store with this run's overrides "
             "(`python -m blockdraft.data.capture <the same overrides> out=<dir>`)."
         )
+
+
+def _pop_max_rows(identity: dict) -> Optional[int]:
+    """data.max_rows out of a copy of the tokenisation: it is compared by _rows_differences instead."""
+    tokenization = dict(identity.get("tokenization") or {})
+    rows = tokenization.pop("max_rows", None)
+    identity["tokenization"] = tokenization
+    return rows
+
+
+def _rows_differences(stored: Optional[int], wanted: Optional[int]) -> List[str]:
+    """A run may read the first N rows of a store that holds more: the store keeps a source's rows in
+    its order, so they are the N rows the run would read online (training takes them with max_rows)."""
+    if stored is None or (wanted is not None and wanted <= stored):
+        return []
+    return [f"data.max_rows: the store holds the first {stored} rows, this run asks for "
+            f"{wanted if wanted is not None else 'every row (null)'}"]
 
 
 def _source_differences(store: FeatureStore, data: DataConfig) -> List[str]:

@@ -112,6 +112,27 @@ def test_a_store_of_other_layers_or_lengths_is_refused_naming_them(fp32_store, t
         assert not (tmp_path / run / "metrics.jsonl").exists() and not (tmp_path / run / "checkpoints").exists()
 
 
+def test_a_run_of_the_first_rows_trains_from_a_store_of_every_row_as_online(fp32_store, tmp_path):
+    """data.max_rows=N reads the store's first N rows, the N an online run would read."""
+    args = ["train.max_steps=8", "train.log_every=2", "data.max_rows=4", "data.val=null"]
+    online = train_tiny(tmp_path / "online", *args)
+    stored = train_tiny(tmp_path / "stored", *args, f"data.features={fp32_store}")
+    pairs = list(zip(_train_rows(online), _train_rows(stored)))
+    assert len(pairs) == 4
+    for a, b in pairs:
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+
+
+def test_a_store_of_fewer_rows_than_the_run_asks_for_is_refused_naming_them(tmp_path):
+    store = capture_tiny(tmp_path / "four", "storage_dtype=float32", "data.max_rows=4", "data.val=null")
+    for asked, shown in (("null", "every row (null)"), ("6", "6")):
+        with pytest.raises(ConfigError) as err:
+            train_tiny(tmp_path / f"run{asked}", f"data.features={store}", f"data.max_rows={asked}", "data.val=null")
+        assert f"data.max_rows: the store holds the first 4 rows, this run asks for {shown}" in str(err.value)
+    run = train_tiny(tmp_path / "run4", f"data.features={store}", "data.max_rows=4", "data.val=null", "train.max_steps=2")
+    assert len(_train_rows(run)) > 0
+
+
 def test_a_capture_without_out_is_refused_naming_the_key():
     from blockdraft.config import compose
     from blockdraft.data.capture import run_capture

@@ -54,7 +54,13 @@ def section(results: dict, args, step_time: float, figure: Path) -> str:
     setting = (f"Recipe: `experiment={EXPERIMENT} {' '.join(args.recipe)}` from the feature store `{args.store}`, one row per "
                f"step; the first N rows of the demo's regenerated rows (data.max_rows); a minute is {60 / step_time:.0f} "
                f"steps ({step_time:.3f} s a step on an idle machine); validated once at the end on the 48 held-out rows.\n")
-    body = provenance(command_line()) + "\n" + setting + "\n" + "\n".join(lines) + "\n"
+    # A resumed run keeps the points of earlier invocations: name each command that measured a point.
+    measured_by = list(dict.fromkeys(r.get("command", "(not recorded)") for r in results.values()))
+    body = provenance(command_line()) + "\n" + setting
+    if measured_by != [command_line()]:
+        body += "\nThe points were measured by (each is kept in results.json with its command):\n\n" + \
+            "\n".join(f"- `{c}`" for c in measured_by) + "\n"
+    body += "\n" + "\n".join(lines) + "\n"
     if served:
         body += "\nvLLM on the held-out prompts (smoke-serve reports of drafts of this recipe):\n\n" + "\n".join(served) + "\n"
     return body + f"\n![accept_len against training minutes]({figure.relative_to(FIGURES.parent)})\n"
@@ -95,7 +101,7 @@ def main() -> None:
                             [*args.recipe, f"data.max_rows={rows}"])
             val = [r for r in records if r.get("split") == "val"][-1]
             results[key] = {"rows": rows, "minutes": minutes, "steps": steps, "val_accept_len": val["val/accept_len"],
-                            "val_acc": val["val/acc_per_slot"]}
+                            "val_acc": val["val/acc_per_slot"], "command": command_line()}
             out.mkdir(parents=True, exist_ok=True)
             results_path.write_text(json.dumps(results, indent=2) + "\n")
             print(key, results[key], flush=True)

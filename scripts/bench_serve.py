@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,7 +61,9 @@ def write_section(key: str, title: str, body: str, doc: Path = DOC) -> Path:
 
 
 def command_line() -> str:
-    return " ".join([".venv/bin/python", str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0]), *sys.argv[1:]])
+    """The invocation as a shell would take it back (arguments with spaces are quoted)."""
+    script = str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0])
+    return shlex.join([".venv/bin/python", script, *sys.argv[1:]])
 
 
 # --- serving -------------------------------------------------------------------------------

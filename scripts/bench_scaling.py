@@ -34,6 +34,10 @@ def plot(results: dict, path: Path) -> None:
     for rows in sorted({r["rows"] for r in results.values()}):
         points = sorted((r["minutes"], r["val_accept_len"]) for r in results.values() if r["rows"] == rows)
         ax.plot(*zip(*points), marker="o", label=f"{rows} rows")
+    # Budgets double from point to point: on a log axis each doubling is one step to the right.
+    minutes = sorted({r["minutes"] for r in results.values()})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(minutes, [f"{m:g}" for m in minutes])
     ax.set_xlabel("training minutes (idle 2-core CPU)")
     ax.set_ylabel("held-out accept_len (block 4)")
     ax.grid(alpha=0.3)
@@ -49,8 +53,9 @@ def section(results: dict, args, step_time: float, figure: Path) -> str:
         acc = " / ".join(f"{a:.3f}" for a in r["val_acc"])
         lines.append(f"| {r['rows']} | {r['minutes']:g} | {r['steps']} | {r['steps'] / r['rows']:.1f} | "
                      f"{r['val_accept_len']:.3f} | {acc} |")
-    served = [f"- {label}: vLLM mean acceptance length {rep['mean_acceptance_length']:.3f}, median speedup "
-              f"{rep['speedup']:.2f}x" for label, rep in reports(args.serve_report)]
+    served = [f"- {label}: vLLM mean acceptance length {rep['mean_acceptance_length']:.3f} ("
+              + " / ".join(f"{a:.2f}" for a in rep["acceptance_per_position"]) + f" per position), median speedup "
+              f"{rep['speedup']:.2f}x, a round {rep['round_cost']:.2f} plain steps" for label, rep in reports(args.serve_report)]
     setting = (f"Recipe: `experiment={EXPERIMENT} {' '.join(args.recipe)}` from the feature store `{args.store}`, one row per "
                f"step; the first N rows of the demo's regenerated rows (data.max_rows); a minute is {60 / step_time:.0f} "
                f"steps ({step_time:.3f} s a step on an idle machine); validated once at the end on the 48 held-out rows.\n")

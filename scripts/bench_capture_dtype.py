@@ -34,7 +34,8 @@ def capture_float32(store: Path, train_rows: str, val_rows: str) -> Path:
 
 
 def compute_dtype(store: Path) -> str:
-    return json.loads((store / "index.json").read_text())["identity"]["compute_dtype"]
+    # A float32 capture leaves the field out of the identity (stores made before it stay valid).
+    return json.loads((store / "index.json").read_text())["identity"].get("compute_dtype", "float32")
 
 
 def section(results: dict, args) -> str:

@@ -40,3 +40,32 @@ def accept_length(
     measured = label_mask.any(dim=-1)  # [N, A]
     total = ((run_len + 1) * measured).sum()
     return total, measured.sum()
+
+
+@torch.no_grad()
+def walked_accept_length(
+    pred: Tensor, labels: Tensor, label_mask: Tensor, anchors: Tensor, anchor_valid: Tensor
+) -> tuple[int, int, list[int]]:
+    """The rows walked as serving walks a reply: (tokens, rounds, accepted per slot), summed over rows.
+
+    `accept_length` averages over anchors drawn uniformly; serving starts a round only where the
+    last one ended: a round at anchor a accepts a run of L - 1 drafted tokens, and the next round's
+    anchor is a + L (the token the target adds). Stretches the draft gets right are crossed in few
+    rounds and hard ones in many, so serving's mean (tokens / rounds) is below the uniform one.
+    Each row's walk starts at its first valid anchor (the reply's first token, where serving's first
+    round starts) and needs every valid anchor of the row drawn, with plain blocks (prefix 1).
+    """
+    block_size = pred.shape[-1]
+    run = torch.cumprod(((pred == labels) & label_mask)[..., 1:].long(), dim=-1)  # [N, A, B-1]
+    lengths = 1 + run.sum(dim=-1)  # [N, A]
+    tokens = rounds = 0
+    per_slot = [0] * (block_size - 1)
+    for row_anchors, row_valid, row_lengths in zip(anchors.tolist(), anchor_valid.tolist(), lengths.tolist()):
+        length_at = {a: n for a, v, n in zip(row_anchors, row_valid, row_lengths) if v}
+        a = min(length_at, default=None)
+        while a in length_at:
+            rounds, tokens = rounds + 1, tokens + length_at[a]
+            for k in range(length_at[a] - 1):
+                per_slot[k] += 1
+            a += length_at[a]
+    return tokens, rounds, per_slot

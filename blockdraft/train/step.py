@@ -19,7 +19,7 @@ from blockdraft import faults
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.target import TargetModel
-from blockdraft.train.anchors import build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
+from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
 from blockdraft.train.features import batch_features, batch_features_and_final
 from blockdraft.train.losses import (
@@ -50,6 +50,10 @@ class StepResult:
     """Scalar to backpropagate (0 on the graph when nothing is supervised)."""
     sums: Dict[str, torch.Tensor]
     """Sums and counts only, so that an all-reduce gives exact global metrics."""
+    pred: Optional[torch.Tensor] = None
+    """[N, A, B] the draft's argmax per slot in target ids (-1 where unsupervised), for metrics over whole rows."""
+    blocks: Optional[BlockBatch] = None
+    """The blocks `pred` belongs to: anchors, labels, supervision."""
 
 
 def block_attention_mask(blocks, batch, block_size: int, backend: str, sliding_window: Optional[int], causal: bool = False):
@@ -144,7 +148,7 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
-    return StepResult(loss, sums)
+    return StepResult(loss, sums, pred, blocks)
 
 
 def position_weights(cfg: LoopConfig, blocks, sup, ce, outside) -> torch.Tensor:

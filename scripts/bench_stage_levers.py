@@ -137,7 +137,9 @@ def serve(args, tmp: Path) -> str:
         table.append(f"| {r} | `{str(keep).lower()}` | {wall:.0f} | {count} | {startup_s:.0f} | "
                      f"{rep['tokens_per_s_baseline']:.2f} / {rep['tokens_per_s_draft']:.2f} | "
                      f"{rep['speedup']:.3f}x ({low:.3f}-{high:.3f}) | {rep['lossless']} | {rep['mean_acceptance_length']:.3f} |")
-    return "\n".join(table) + (f"\n\nThe draft `{args.draft}` on the first {args.num_prompts} prompts of `{args.prompts}`, "
+    shown = [Path(p).resolve() for p in (args.draft, args.prompts)]
+    shown = [p.relative_to(REPO) if p.is_relative_to(REPO) else p for p in shown]
+    return "\n".join(table) + (f"\n\nThe draft `{shown[0]}` on the first {args.num_prompts} prompts of `{shown[1]}`, "
                                "128 tokens each, 2 honest rounds per stage, vLLM's own thread binding.")
 
 

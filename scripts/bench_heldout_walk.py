@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bench_serve import REPO, command_line, provenance, write_section
+from bench_serve import REPO, command_line, provenance, shown_path, write_section
 
 TARGET = REPO / ".cache" / "targets" / "smollm2-135m-instruct"
 
@@ -78,7 +78,6 @@ def main() -> None:
     rows = (demo / "regen" / "heldout.jsonl").read_text().splitlines()[:n]
     with tempfile.TemporaryDirectory() as tmp:
         s = scored(demo, rows, Path(tmp))
-    shown = lambda p: p.resolve().relative_to(REPO) if p.resolve().is_relative_to(REPO) else p  # noqa: E731
     fmt = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     body = "\n".join([
         "| measured | accept_len | per slot | over |", "|---|---|---|---|",
@@ -88,7 +87,7 @@ def main() -> None:
         f"| {s['rounds']} rounds |",
         f"| vLLM, the serve report's counters | {report['mean_acceptance_length']:.3f} | "
         f"{fmt(report['acceptance_per_position'])} (accepted per round) | {n} prompts x {report.get('max_tokens', '?')} tokens |",
-        "", f"The draft `{shown(demo / 'export')}` on the first {s['rows']} rows of `{shown(demo / 'regen' / 'heldout.jsonl')}`, "
+        "", f"The draft `{shown_path(demo / 'export')}` on the first {s['rows']} rows of `{shown_path(demo / 'regen' / 'heldout.jsonl')}`, "
         f"the prompts its serve report ({report['date']}) sent."])
     doc = write_section("heldout_walk", "Held-out accept_len, walked as serving walks it, against vLLM's (SmolLM2-135M)",
                         provenance(command_line()) + "\n" + body)

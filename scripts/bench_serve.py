@@ -60,6 +60,12 @@ def write_section(key: str, title: str, body: str, doc: Path = DOC) -> Path:
     return doc
 
 
+def shown_path(path) -> Path:
+    """A path as a section shows it: relative to the repository when inside it, so no machine's checkout appears."""
+    resolved = Path(path).resolve()
+    return resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else resolved
+
+
 def command_line() -> str:
     """The invocation as a shell would take it back (arguments with spaces are quoted)."""
     script = str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0])

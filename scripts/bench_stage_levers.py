@@ -37,7 +37,7 @@ from typing import List
 import torch
 from safetensors.torch import load_file
 
-from bench_serve import REPO, command_line, provenance, write_section
+from bench_serve import REPO, command_line, provenance, shown_path, write_section
 
 TARGET = REPO / ".cache" / "targets" / "smollm2-135m-instruct"
 ENV = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1"}
@@ -112,9 +112,8 @@ def capture(args, tmp: Path) -> str:
     table = ["| capture | tokens | seconds | tokens/s | vs 1 row, float32 | features' relative error vs 1 row, float32 |",
              "|---|---|---|---|---|---|"]
     table += [f"| {label} | {t} | {s:.1f} | {t / s:.0f} | {t / s / base:.2f}x | {e:.2e} |" for label, t, s, e in results]
-    shown = Path(args.train_rows).resolve()
-    shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
-    return "\n".join(table) + f"\n\nThe first {args.rows} rows of `{shown}`, SmolLM2-135M's layers [1, 10, 18, 27]."
+    return "\n".join(table) + (f"\n\nThe first {args.rows} rows of `{shown_path(args.train_rows)}`, "
+                               "SmolLM2-135M's layers [1, 10, 18, 27].")
 
 
 def serve(args, tmp: Path) -> str:
@@ -137,9 +136,8 @@ def serve(args, tmp: Path) -> str:
         table.append(f"| {r} | `{str(keep).lower()}` | {wall:.0f} | {count} | {startup_s:.0f} | "
                      f"{rep['tokens_per_s_baseline']:.2f} / {rep['tokens_per_s_draft']:.2f} | "
                      f"{rep['speedup']:.3f}x ({low:.3f}-{high:.3f}) | {rep['lossless']} | {rep['mean_acceptance_length']:.3f} |")
-    shown = [Path(p).resolve() for p in (args.draft, args.prompts)]
-    shown = [p.relative_to(REPO) if p.is_relative_to(REPO) else p for p in shown]
-    return "\n".join(table) + (f"\n\nThe draft `{shown[0]}` on the first {args.num_prompts} prompts of `{shown[1]}`, "
+    return "\n".join(table) + (f"\n\nThe draft `{shown_path(args.draft)}` on the first {args.num_prompts} prompts of "
+                               f"`{shown_path(args.prompts)}`, "
                                "128 tokens each, 2 honest rounds per stage, vLLM's own thread binding.")
 
 

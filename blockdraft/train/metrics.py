@@ -20,6 +20,18 @@ def slot_accuracy(pred: Tensor, labels: Tensor, label_mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def accepted_run(pred: Tensor, labels: Tensor, label_mask: Tensor, prefix_len: Tensor) -> Tensor:
+    """[N, A] long: per block, the correct drafted slots from slot prefix_len on, up to the first wrong
+    or unsupervised one (where serving rejects the rest of the draft)."""
+    slot = torch.arange(pred.shape[-1], device=pred.device)  # [B]
+    in_prefix = slot < prefix_len.unsqueeze(-1)  # [N, A, B]: shown, not drafted
+    accepted = (pred == labels) & label_mask  # [N, A, B]
+    # The prefix passes through the running product so the run starts at prefix_len.
+    run = torch.cumprod((accepted | in_prefix).long(), dim=-1)  # [N, A, B]
+    return (run.bool() & ~in_prefix).sum(dim=-1)
+
+
+@torch.no_grad()
 def accept_length(
     pred: Tensor, labels: Tensor, label_mask: Tensor, prefix_len: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -30,13 +42,7 @@ def accept_length(
     rest of the draft there), plus one for the bonus token the target always adds.
     Mean acceptance = sum / count after summing both over ranks.
     """
-    block_size = pred.shape[-1]
-    slot = torch.arange(block_size, device=pred.device)  # [B]
-    in_prefix = slot < prefix_len.unsqueeze(-1)  # [N, A, B]: shown, not drafted
-    accepted = (pred == labels) & label_mask  # [N, A, B]
-    # The prefix passes through the running product so the run starts at prefix_len.
-    run = torch.cumprod((accepted | in_prefix).long(), dim=-1)  # [N, A, B]
-    run_len = (run.bool() & ~in_prefix).sum(dim=-1)  # [N, A]
+    run_len = accepted_run(pred, labels, label_mask, prefix_len)  # [N, A]
     measured = label_mask.any(dim=-1)  # [N, A]
     total = ((run_len + 1) * measured).sum()
     return total, measured.sum()
@@ -55,11 +61,9 @@ def walked_accept_length(
     Each row's walk starts at its first valid anchor (the reply's first token, where serving's first
     round starts) and needs every valid anchor of the row drawn, with plain blocks (prefix 1).
     """
-    block_size = pred.shape[-1]
-    run = torch.cumprod(((pred == labels) & label_mask)[..., 1:].long(), dim=-1)  # [N, A, B-1]
-    lengths = 1 + run.sum(dim=-1)  # [N, A]
+    lengths = 1 + accepted_run(pred, labels, label_mask, torch.ones_like(anchors))  # [N, A]
     tokens = rounds = 0
-    per_slot = [0] * (block_size - 1)
+    per_slot = [0] * (pred.shape[-1] - 1)
     for row_anchors, row_valid, row_lengths in zip(anchors.tolist(), anchor_valid.tolist(), lengths.tolist()):
         length_at = {a: n for a, v, n in zip(row_anchors, row_valid, row_lengths) if v}
         a = min(length_at, default=None)

@@ -93,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 if __name__ == "__main__":
     import signal
 
-    from blockdraft.pipeline.runner import on_sigterm
+    from blockdraft.pipeline.process import on_sigterm
 
     signal.signal(signal.SIGTERM, on_sigterm)
     sys.exit(main())

@@ -103,6 +103,30 @@ def capture_compute_dtype(cfg: CaptureAppConfig, device: torch.device) -> torch.
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.compute_dtype]
 
 
+def capture_identity(cfg: CaptureAppConfig, target_config, layer_ids, tokenizer, teacher_top_k: int,
+                     dtype: torch.dtype) -> dict:
+    """The store's identity but for its rows' sources: what its content depends on. The pipeline's capture
+    key is this (the sources are the regen stage's rows, which its key already covers)."""
+    identity = store_identity(cfg.target.path, target_config, layer_ids, tokenizer, cfg.data,
+                              cfg.storage_dtype, cfg.rows_per_shard, teacher_top_k)
+    if dtype != torch.float32:  # absent from float32 captures, so the stores made before stay what they were
+        identity["compute_dtype"] = str(dtype).replace("torch.", "")
+    return identity
+
+
+def planned_identity(cfg: CaptureAppConfig, device: torch.device) -> dict:
+    """capture_identity of the store these settings would capture, without loading the target's weights."""
+    from transformers import AutoTokenizer
+
+    from blockdraft.models.target_families import load_text_config
+
+    target_config = load_text_config(cfg.target.path)
+    with contextlib.redirect_stdout(None):  # its note on a full-distribution run is the capture's to print
+        top_k = store_teacher_top_k(cfg.train.kl_weight, cfg.train.teacher_top_k)
+    return capture_identity(cfg, target_config, resolve_layer_ids(cfg.draft, target_config),
+                            AutoTokenizer.from_pretrained(cfg.target.path), top_k, capture_compute_dtype(cfg, device))
+
+
 def run_capture(cfg) -> Path:
     """Entry used by the command line and by tests with a composed config."""
     if OmegaConf.is_missing(cfg, "out"):
@@ -144,10 +168,7 @@ class Capture:
     def run(self) -> Path:
         cfg = self.cfg
         self._regenerate_builtin_rows()
-        identity = store_identity(cfg.target.path, self.target_config, self.layer_ids, self.tokenizer, cfg.data,
-                                  cfg.storage_dtype, cfg.rows_per_shard, self.teacher_top_k)
-        if self.dtype != torch.float32:  # absent from float32 captures, so the stores made before stay what they were
-            identity["compute_dtype"] = str(self.dtype).replace("torch.", "")
+        identity = capture_identity(cfg, self.target_config, self.layer_ids, self.tokenizer, self.teacher_top_k, self.dtype)
         identity["sources"] = {name: split_source(path) for name, path in self.splits()}
         store = FeatureStore.create_or_resume(cfg.out, identity, cfg.overwrite)
         for name, path in self.splits():

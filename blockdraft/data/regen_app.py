@@ -79,6 +79,11 @@ class RegenConfig:
     request_timeout_s: float = 900.0
     progress: bool = True
 
+    # How fast, where and how loudly it runs: no row changes with them, so a rerun that changes only these
+    # keeps the rows (the pipeline's regen key leaves them out).
+    OUTPUT_NEUTRAL = ("workers", "vllm_python", "kv_cache_gib", "cpu_threads_bind", "startup_timeout_s",
+                      "request_timeout_s", "progress")
+
     def validate(self) -> "RegenConfig":
         if not (Path(self.target_dir) / "config.json").is_file():
             raise ConfigError(

@@ -29,6 +29,9 @@ class ExportConfig:
     shard_size_bytes: int = 5 * 2**30
     """Above this total the weights are split into shards with a model.safetensors.index.json."""
 
+    # Change nothing in the export's files (the pipeline's export key leaves them out).
+    OUTPUT_NEUTRAL = ("overwrite", "inspect")
+
     def check_export_keys(self) -> None:
         for key in ("checkpoint", "out"):
             if not getattr(self, key):

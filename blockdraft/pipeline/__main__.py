@@ -4,7 +4,7 @@ import signal
 import sys
 
 from blockdraft.pipeline.app import main
-from blockdraft.pipeline.runner import on_sigterm
+from blockdraft.pipeline.process import on_sigterm
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, on_sigterm)

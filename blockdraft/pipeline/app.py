@@ -15,9 +15,13 @@ Overrides: regen.*, capture.*, export.*, gate.*, serve.* are those apps' own key
 other key (train.*, draft.*, optim.*, data.*, draft=<kind>, optim=muon, ...) is a training
 override given unchanged to the capture and to training. A key no stage knows is refused before
 any work. Each stage's record is in <out>/stages.json: a rerun prints `cached` for a stage whose
-inputs did not change and reruns only what a changed setting affects; an interrupted stage
-resumes. On several nodes, run the same command on each with its train.node_rank: node 0 runs
-every stage, the others wait for its rows on the shared file system and join training.
+output-changing inputs did not change (speed, logging and progress keys are in no key) and reruns
+only what a changed setting affects; an interrupted stage resumes; a larger train.max_steps
+continues the run. Nothing finished is deleted: what a stage made with other inputs (or under
+force=) is moved to <out>/superseded/<stage>-<time>/ first. On several nodes, run the same
+command on each with its train.node_rank: node 0 runs every stage and writes the records, the
+others wait for its rows on the shared file system (node_wait_minutes, 1440 by default) and join
+training; a failure of node 0 stops them with its reason.
 
 Exit status: 0 the serve check passed; 1 it failed or a stage failed (the message says which);
 2 refused before any work; 130 interrupted (rerun the same command to resume).
@@ -33,9 +37,11 @@ from typing import List, Optional
 
 from blockdraft.errors import ConfigError
 from blockdraft.pipeline import commands
+from blockdraft.pipeline.process import StageFailed, say
 from blockdraft.pipeline.records import StageRecords
-from blockdraft.pipeline.runner import Stage, StageFailed, pipeline_stages, run_stages, say, summarize, use_feature_store
+from blockdraft.pipeline.runner import NodeZeroFailed, Stage, run_stages, summarize
 from blockdraft.pipeline.settings import PipelineSettings, check_settings, parse_overrides
+from blockdraft.pipeline.stages import decide_store, pipeline_stages
 
 
 def prepare(s: PipelineSettings) -> dict:
@@ -49,22 +55,26 @@ def prepare(s: PipelineSettings) -> dict:
 
 def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> int:
     """`before`: a preset's own stages, run first (the demo prepares its target, which the checks then read).
-    Their results reach the later stages' keys through what those read (the target's config)."""
+    Their results reach the later stages' keys through what those read (the target's files).
+    Node 0 (or the only node) runs every stage and is the only writer of stages.json; a node of rank > 0
+    follows its records, joins its training, and exits once training is done."""
     began = time.perf_counter()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     s.out = str(Path(s.out).absolute()) if s.out else s.out
     if not s.out:
         check_settings(s)  # says what is missing
-    records = StageRecords(s.root / "stages.json")
-    spent = run_stages(before or [], records, s.force)
+    follower = s.node_rank > 0
+    records = StageRecords(s.root / "stages.json", writer=not follower)
+    waits = dict(follower=follower, wait_s=s.node_wait_minutes * 60)
+    spent = run_stages(before or [], records, s.force, s.root, **waits)
     cfgs = prepare(s)
-    stages = pipeline_stages(s, cfgs)
-    if s.node_rank > 0:
-        run_stages([st for st in stages if st.name in ("regen", "capture", "train")], records, s.force,
-                   awaited=("regen", "capture"))
+    use_store, why = decide_store(s, cfgs, records, **waits)
+    stages = pipeline_stages(s, cfgs, use_store, why)
+    if follower:
+        run_stages([st for st in stages if st.name in ("regen", "capture", "train")], records, s.force, s.root, **waits)
         say(f"node {s.node_rank}: training done; node 0 exports and serves")
         return 0
-    spent.update(run_stages(stages, records, s.force))
+    spent.update(run_stages(stages, records, s.force, s.root))
     return summarize([*(before or []), *stages], records, spent, time.perf_counter() - began, s.paths()["report"])
 
 
@@ -72,8 +82,12 @@ def print_config(s: PipelineSettings) -> None:
     """`--cfg job`: what each stage would run, composed and checked, without running anything."""
     from omegaconf import OmegaConf
 
+    from blockdraft.pipeline.stages import use_feature_store
+
     cfgs = prepare(s)
-    use_store, why = use_feature_store(s, cfgs)
+    recorded = StageRecords(s.root / "stages.json", writer=False)
+    use_store, why = (decide_store(s, cfgs, recorded) if s.store != "auto" or recorded.choice("store")
+                      else use_feature_store(s, cfgs))
     print(f"# feature store: {'yes' if use_store else 'no'} ({why})")
     for stage in ("regen", "capture", "train", "export", "serve"):
         print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, use_store)[1:])}")
@@ -103,7 +117,7 @@ def main(argv: List[str], base: Optional[PipelineSettings] = None, before: Optio
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except StageFailed as err:
+    except (StageFailed, NodeZeroFailed) as err:
         print(f"[pipeline] {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -126,6 +126,7 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
     out["serve"].validate_settings()
     if out["serve"].engine != "reference":
         out["serve"].vllm_python_path()  # the serving environment exists
+        check_kept_servers(out["serve"])
     if s.gate:
         from blockdraft.serve.gate import parse_arguments
 
@@ -133,7 +134,17 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
     return out
 
 
-ROUTING = ("The pipeline's own keys are target, out, prompts, experiment, gate, store, force; regen.*, capture.*, "
+def check_kept_servers(serve) -> None:
+    """The serve harness refuses kept servers on a GPU (each would claim its memory share): said here,
+    before the training it would otherwise follow. A CUDA machine serves with the CUDA vLLM (the Makefile)."""
+    gpu = serve.device == "cuda" or (serve.device == "auto" and on_cuda())
+    if serve.keep_servers and gpu:
+        raise ConfigError("serve.keep_servers=true keeps the baseline and the draft vLLM server up at once, which on a GPU "
+                          "would each claim their gpu_memory_utilization share; set serve.keep_servers=false "
+                          "(a fresh pair per round).")
+
+
+ROUTING = ("The pipeline's own keys are target, out, prompts, experiment, gate, store, force, node_wait_minutes; regen.*, capture.*, "
            "export.*, gate.* and serve.* go to those stages' apps; train.nproc/nnodes/node_rank/rdzv_endpoint to "
            "torchrun; everything else (train.*, draft.*, optim.*, data.*, ...) to the training recipe")
 
@@ -142,8 +153,3 @@ def _one_line(err: Exception) -> str:
     text = " ".join(str(err).split())
     return text[:600]
 
-
-def target_fingerprint(target: str) -> str:
-    import hashlib
-
-    return hashlib.sha256((Path(target) / "config.json").read_bytes()).hexdigest()[:16]

@@ -1,4 +1,8 @@
-"""`<out>/stages.json`: per stage, the key of its inputs, whether it finished, and its seconds."""
+"""`<out>/stages.json`: per stage, the key of its inputs, whether it finished, and its seconds.
+
+One process writes it: node 0 (or the only node). Every other node reads it to follow node 0:
+a node that wrote its own copy would put back records node 0 has since replaced.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,22 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Optional
 
+# Not a stage: the pipeline's own decisions that hold for the whole `out` (the feature store choice).
+CHOICES = "pipeline"
+
 
 class StageRecords:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, writer: bool = True):
         self.path = path
-        self.records = json.loads(path.read_text()) if path.is_file() else {}
+        self.writer = writer
+        self.records = self._read()
+
+    def _read(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def finished(self, stage: str, key: str) -> bool:
         record = self.records.get(stage, {})
@@ -22,16 +34,46 @@ class StageRecords:
     def started_with(self, stage: str) -> Optional[str]:
         return self.records.get(stage, {}).get("key")
 
-    def mark(self, stage: str, key: str, done: bool, seconds: Optional[float] = None) -> None:
-        self.records[stage] = {"key": key, "done": done, "seconds": seconds,
-                               "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    def get(self, stage: str) -> dict:
+        return self.records.get(stage, {})
+
+    def mark(self, stage: str, key: str, done: bool, seconds: Optional[float] = None, **extra) -> None:
+        """`made` names one making of the stage's artifact: the later stages' keys include it, so a stage
+        that made its artifact again (or trained on) makes every later one run again."""
+        record = {"key": key, "done": done, "seconds": seconds, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "at_epoch": time.time(), **extra}
+        if done:
+            record["made"] = uuid.uuid4().hex[:12]
+        self.records[stage] = record
+        self.write()
+
+    def fail(self, stage: str, reason: str) -> None:
+        """The stage stopped without a result: a node waiting for it reads why and exits."""
+        record = dict(self.records.get(stage, {}))
+        record.update(done=False, failed=reason, at=time.strftime("%Y-%m-%d %H:%M:%S"), at_epoch=time.time())
+        self.records[stage] = record
+        self.write()
+
+    def choose(self, name: str, value: dict) -> None:
+        self.records.setdefault(CHOICES, {})[name] = value
+        self.write()
+
+    def choice(self, name: str) -> Optional[dict]:
+        return self.records.get(CHOICES, {}).get(name)
+
+    def write(self) -> None:
+        if not self.writer:
+            raise RuntimeError("only node 0 writes stages.json")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.records, indent=2) + "\n")
         os.replace(tmp, self.path)  # a kill mid-write leaves the previous records whole
 
     def reload(self) -> "StageRecords":
-        self.records = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        try:
+            self.records = self._read()
+        except json.JSONDecodeError:  # never torn (os.replace), but a copy in flight on a network file system may be
+            pass
         return self
 
 

@@ -44,7 +44,10 @@ class PipelineSettings:
     store: str = "auto"
     """auto (a feature store on a CPU, or when training passes over the rows more than once) | true | false."""
     force: List[str] = field(default_factory=list)
-    """Stages rerun even when their record says they are done, e.g. force=[serve]."""
+    """Stages run again even when their record says they are done, e.g. force=[train]: what they made is
+    moved to <out>/superseded/ first."""
+    node_wait_minutes: float = 1440.0
+    """A node of rank > 0: how long it waits for node 0's stages before it gives up (and exits 1)."""
     regen: List[str] = field(default_factory=list)
     capture: List[str] = field(default_factory=list)
     recipe: List[str] = field(default_factory=list)
@@ -75,7 +78,7 @@ class PipelineSettings:
         return int(self.torchrun.get("node_rank", 0))
 
 
-OWN_KEYS = ("target", "out", "prompts", "experiment", "gate", "store", "force")
+OWN_KEYS = ("target", "out", "prompts", "experiment", "gate", "store", "force", "node_wait_minutes")
 
 
 def parse_overrides(words: List[str], base: Optional[PipelineSettings] = None) -> PipelineSettings:
@@ -125,6 +128,13 @@ def _set_own(s: PipelineSettings, key: str, value: str) -> None:
         if unknown:
             raise ConfigError(f"force={value}: {unknown} are not stages; the stages are {list(STAGES)}.")
         s.force = stages
+    elif key == "node_wait_minutes":
+        try:
+            s.node_wait_minutes = float(value)
+        except ValueError:
+            raise ConfigError(f"node_wait_minutes={value!r} is not a number of minutes.") from None
+        if s.node_wait_minutes <= 0:
+            raise ConfigError(f"node_wait_minutes={value}: use a positive number of minutes.")
     else:
         setattr(s, key, None if key == "experiment" and value in ("", "null") else value)
 

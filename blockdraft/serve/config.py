@@ -83,6 +83,9 @@ class ServeConfig:
     """auto (vLLM where it can serve the pair, else the project's reference engine, saying why) |
     vllm (refuse a pair vLLM cannot serve) | reference."""
 
+    # Where the interpreter is and how long to wait: the report's figures do not depend on them.
+    OUTPUT_NEUTRAL = ("vllm_python", "startup_timeout_s", "request_timeout_s", "overwrite")
+
     def _check_out(self) -> None:
         out = Path(self.out).expanduser()
         earlier = [p.name for p in out.glob("*")] if out.is_dir() else []

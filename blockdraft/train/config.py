@@ -125,3 +125,17 @@ class TrainAppConfig:
     seed: int = 0
     name: Optional[str] = None
     """The recipe's name (experiment files set it); recorded in metrics and the model card."""
+
+    # Logging, progress, checkpoint cadence, memory and speed knobs: the same math, so the same draft. A rerun
+    # that changes only these keeps the trained run (the pipeline's train key leaves them out). A resumed run
+    # reproduces an uninterrupted one (tests/faults), which is why save_every and keep_last are here.
+    OUTPUT_NEUTRAL = ("train.log_every", "train.save_every", "train.keep_last", "train.progress",
+                      "train.max_nonfinite_steps", "train.attention_backend", "train.activation_checkpointing",
+                      "train.loss_chunk_size", "distributed.target_sharding", "wandb", "data.cache_dir",
+                      "resume", "overwrite", "name")
+    # How far the run goes: a larger value continues the run from its last checkpoint instead of starting anew.
+    EXTENT = "train.max_steps"
+    # What a resume takes from the new config (loop.py _continue_schedule; the clip is read every step): a run
+    # that stopped part way (on non-finite steps, say) continues from its last checkpoint under a change of
+    # these, where a finished run changed in them is a new run.
+    RESUMABLE = ("optim.lr", "optim.muon_lr", "optim.grad_clip")

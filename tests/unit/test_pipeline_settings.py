@@ -6,8 +6,8 @@ import pytest
 from blockdraft.errors import ConfigError
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.pipeline import app, commands
-from blockdraft.pipeline.records import stage_key
-from blockdraft.pipeline.runner import pipeline_stages
+from blockdraft.pipeline.runner import planned_keys
+from blockdraft.pipeline.stages import pipeline_stages
 from blockdraft.pipeline.settings import parse_overrides
 from tests.integration.conftest import REPO
 
@@ -67,25 +67,28 @@ def test_gate_keys_without_the_gate_are_refused(target, tmp_path, capsys):
     assert "add gate=true" in capsys.readouterr().err
 
 
-def keys(target, out, *extra):
+def stages_of(out, *extra):
     s = parse_overrides(words(out, *extra))
     cfgs = app.prepare(s)
-    chain, result = {}, {}
-    for stage in pipeline_stages(s, cfgs):
-        chain = {**chain, stage.name: stage.inputs if stage.skip_reason is None else {"skipped": True}}
-        result[stage.name] = stage_key(chain)
-    return result
+    return pipeline_stages(s, cfgs, True, "a store")
+
+
+def keys(target, out, *extra):
+    return planned_keys(stages_of(out, *extra))
 
 
 def test_a_changed_setting_changes_its_stage_and_the_later_ones_only(target, tmp_path):
     base = keys(target, tmp_path)
     assert keys(target, tmp_path) == base
     changed = lambda *w: [name for name, k in keys(target, tmp_path, *w).items() if k != base[name]]  # noqa: E731
-    assert changed("train.max_steps=7") == ["train", "export", "gate", "serve"]
-    assert changed("regen.num_train=9") == ["regen", "capture", "train", "export", "gate", "serve"]
-    assert changed("capture.storage_dtype=float32") == ["capture", "train", "export", "gate", "serve"]
+    assert changed("regen.num_train=9") == ["regen", "capture", "train", "export", "serve"]
+    assert changed("capture.storage_dtype=float32") == ["capture", "train", "export", "serve"]
+    assert changed("optim.lr=1e-3") == ["train", "export", "serve"]
     assert changed("serve.num_prompts=3") == ["serve"]
-    assert changed("export.dtype=bfloat16") == ["export", "gate", "serve"]
+    assert changed("export.dtype=bfloat16") == ["export", "serve"]
+    # More steps are the same run gone further: no key changes, the training stage's extent does.
+    assert changed("train.max_steps=7") == []
+    assert {st.name: st.extent for st in stages_of(tmp_path, "train.max_steps=7")}["train"] == 7
 
 
 def test_the_torchrun_launch_and_the_store_choice(target, tmp_path):
@@ -96,7 +99,7 @@ def test_the_torchrun_launch_and_the_store_choice(target, tmp_path):
     nodes = parse_overrides(words(tmp_path, "train.nnodes=2", "train.node_rank=1", "train.rdzv_endpoint=h:29500"))
     assert "--node_rank=1" in commands.train_argv(nodes, False) and "--rdzv_endpoint=h:29500" in commands.train_argv(nodes, False)
     online = parse_overrides(words(tmp_path, "store=false"))
-    stages = {st.name: st for st in pipeline_stages(online, app.prepare(online))}
+    stages = {st.name: st for st in pipeline_stages(online, app.prepare(online), False, "store=false")}
     assert stages["capture"].skip_reason == "store=false" and stages["gate"].skip_reason == "gate=false"
 
 
@@ -109,7 +112,7 @@ def test_cfg_job_prints_every_stage_composed_without_running(target, tmp_path, c
 
 
 def test_auto_never_picks_a_store_that_would_fill_the_disk(target, tmp_path, monkeypatch):
-    from blockdraft.pipeline import runner
+    from blockdraft.pipeline import stages as runner
 
     s = parse_overrides(words(tmp_path))
     cfgs = app.prepare(s)
@@ -130,21 +133,3 @@ def test_a_bad_value_for_a_later_stage_is_refused_before_the_first_stage(target,
     out = tmp_path / "p"
     assert app.main(words(out, word)) == 2
     assert needle in capsys.readouterr().err and not out.exists()
-
-
-def test_a_node_of_rank_above_zero_waits_for_node_zeros_stages_then_runs_its_own(tmp_path):
-    import threading
-
-    from blockdraft.pipeline.records import StageRecords
-    from blockdraft.pipeline.runner import Stage, run_stages
-
-    ran = []
-    make = lambda name: Stage(name, {"n": name}, lambda: ran.append(name) or True, lambda: True, tmp_path)  # noqa: E731
-    stages = [make("regen"), make("train")]
-    node0 = StageRecords(tmp_path / "stages.json")
-    key = stage_key({"regen": {"n": "regen"}})
-    later = threading.Timer(0.3, lambda: node0.mark("regen", key, done=True, seconds=1.0))
-    later.start()
-    spent = run_stages(stages, StageRecords(tmp_path / "stages.json"), [], awaited=("regen",), poll_s=0.05)
-    later.join()
-    assert ran == ["train"] and set(spent) == {"train"}  # regen was node 0's: waited for, never run here

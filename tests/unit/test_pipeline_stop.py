@@ -27,7 +27,7 @@ time.sleep(60)
 # in the background inherits SIGINT ignored, so the default is restored as a terminal would have it).
 PIPELINE = """
 import signal, sys
-from blockdraft.pipeline import runner
+from blockdraft.pipeline import process as runner
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGTERM, runner.on_sigterm)
 try:

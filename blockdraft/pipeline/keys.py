@@ -1,0 +1,97 @@
+"""What each stage's output depends on, as its key: its app's composed config less the settings that
+change only how fast, how loudly or where it runs (each app names those beside its schema as
+OUTPUT_NEUTRAL), and the capture's key is the store's own identity. Paths under `out` and the target's
+path are written as <out> and <target>: moving a finished run, or the target, keeps every stage; the
+target's content is in the key through its fingerprint (models/target_fingerprint.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Dict, Iterable
+
+from blockdraft.pipeline.settings import PipelineSettings
+
+
+def without(schema, neutral: Iterable[str]) -> dict:
+    """The schema as a dict, less the dotted keys in `neutral`."""
+    tree = dataclasses.asdict(schema)
+    for dotted in neutral:
+        node: Any = tree
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+    return tree
+
+
+def placeheld(value, s: PipelineSettings):
+    """Every string with the run's own paths written as <out> and <target>."""
+    if isinstance(value, dict):
+        return {k: placeheld(v, s) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [placeheld(v, s) for v in value]
+    if isinstance(value, str):
+        return value.replace(str(s.root), "<out>").replace(str(Path(s.target)), "<target>")
+    return value
+
+
+def regen_inputs(s: PipelineSettings, cfg, target_fingerprint: str) -> dict:
+    from blockdraft.data.dataset import source_fingerprint
+
+    prompts = Path(cfg.prompts).expanduser()
+    return placeheld({"target": target_fingerprint, "config": without(cfg, type(cfg).OUTPUT_NEUTRAL),
+                      "prompts_file": source_fingerprint(prompts) if prompts.exists() else None}, s)
+
+
+def capture_inputs(s: PipelineSettings, cfg) -> dict:
+    import torch
+
+    from blockdraft.data.capture import planned_identity
+    from blockdraft.pipeline.commands import on_cuda
+
+    return placeheld({"store": planned_identity(cfg, torch.device("cuda" if on_cuda() else "cpu"))}, s)
+
+
+def train_inputs(s: PipelineSettings, cfg, use_store: bool) -> dict:
+    """The recipe, the store choice and the world size (the global batch); not the node's rank, the
+    rendezvous address or the interpreter: every node computes the same key."""
+    neutral = (*type(cfg).OUTPUT_NEUTRAL, type(cfg).EXTENT)
+    world = s.nproc * int(s.torchrun.get("nnodes", 1))
+    return placeheld({"config": without(cfg, neutral), "store": use_store, "world_size": world}, s)
+
+
+def train_resume_inputs(s: PipelineSettings, cfg, use_store: bool) -> dict:
+    """train_inputs less what a stopped run may continue under (optim.lr, optim.grad_clip)."""
+    inputs = train_inputs(s, cfg, use_store)
+    for dotted in type(cfg).RESUMABLE:
+        section, leaf = dotted.split(".")
+        inputs["config"][section].pop(leaf, None)
+    return inputs
+
+
+def train_extent(cfg) -> int:
+    return int(cfg.train.max_steps)
+
+
+def export_inputs(s: PipelineSettings, cfg) -> dict:
+    return placeheld({"config": without(cfg, type(cfg).OUTPUT_NEUTRAL)}, s)
+
+
+def gate_inputs(s: PipelineSettings, words) -> dict:
+    return placeheld({"argv": list(words)}, s) if s.gate else {}
+
+
+def serve_inputs(s: PipelineSettings, cfg) -> dict:
+    return placeheld({"config": without(cfg, type(cfg).OUTPUT_NEUTRAL)}, s)
+
+
+def key_settings(inputs: Dict[str, Any], prefix: str = "") -> list:
+    """The dotted names of every setting in a stage's key (what the tests and --cfg job show)."""
+    names = []
+    for k, v in inputs.items():
+        if isinstance(v, dict) and v:
+            names += key_settings(v, f"{prefix}{k}.")
+        else:
+            names.append(f"{prefix}{k}")
+    return names

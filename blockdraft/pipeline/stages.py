@@ -1,0 +1,122 @@
+"""The pipeline's stages: each one's command, key, artifact and what is moved aside before it runs again,
+and the feature store choice, made once per `out`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import List
+
+from blockdraft.pipeline import commands, keys
+from blockdraft.pipeline.process import StageFailed, command_stage, run_command, say
+from blockdraft.pipeline.records import StageRecords
+from blockdraft.pipeline.runner import NodeZeroFailed, Stage
+from blockdraft.pipeline.settings import PipelineSettings
+
+
+def use_feature_store(s: PipelineSettings, cfgs: dict) -> tuple:
+    """(use it?, why): on a CPU always (the target runs once per row instead of once per step), on a
+    GPU when training reads each row more than once; never a store that would fill the disk."""
+    if s.store != "auto":
+        return s.store == "true", f"store={s.store}"
+    regen, train = cfgs["regen"], cfgs["train"]
+    size, free = store_bytes(cfgs), free_bytes(s.root)
+    if size > free / 2:
+        return False, (f"a store of these rows would take up to {size / 2**30:.0f} GiB, more than half the "
+                       f"{free / 2**30:.0f} GiB free: features captured online")
+    if not commands.on_cuda():
+        return True, "no GPU: the target runs once per row instead of once per step"
+    loop = train.train
+    rows_read = loop.max_steps * loop.micro_batch_size * loop.grad_accum * s.nproc * int(s.torchrun.get("nnodes", 1))
+    if rows_read > regen.num_train:
+        return True, f"training reads {rows_read} rows of {regen.num_train}: each more than once"
+    return False, f"training reads {rows_read} rows of {regen.num_train}: each at most once, features captured online"
+
+
+def decide_store(s: PipelineSettings, cfgs: dict, records: StageRecords, follower: bool = False,
+                 wait_s: float = 86400.0, poll_s: float = 10.0) -> tuple:
+    """store=auto is decided once per `out` and recorded: the store itself takes the free disk the first
+    decision measured, so deciding again could flip it and train anew. Another node takes node 0's."""
+    if s.store != "auto":
+        return use_feature_store(s, cfgs)
+    if not follower:
+        recorded = records.choice("store")
+        if recorded is None:
+            use, why = use_feature_store(s, cfgs)
+            records.choose("store", {"use": use, "why": why, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+            return use, why
+    else:
+        deadline = time.monotonic() + wait_s
+        while (recorded := records.reload().choice("store")) is None:
+            if time.monotonic() > deadline:
+                raise NodeZeroFailed("node 0 never recorded its store=auto choice in stages.json; check node 0, then rerun")
+            time.sleep(poll_s)
+    return recorded["use"], f"{recorded['why']}; store=auto as decided for this out on {recorded['at']}"
+
+
+def store_bytes(cfgs: dict) -> float:
+    """At most: every row at its longest (prompt and reply caps) x the features' width x the storage dtype."""
+    from blockdraft.models.resolve import resolve_layer_ids
+    from blockdraft.models.target_families import load_text_config
+
+    regen, capture = cfgs["regen"], cfgs["capture"]
+    config = load_text_config(capture.target.path)
+    width = len(resolve_layer_ids(capture.draft, config)) * int(config.hidden_size)
+    tokens = regen.num_train * (regen.max_prompt_tokens + regen.max_tokens * regen.max_turns)
+    return float(tokens * width * (4 if capture.storage_dtype == "float32" else 2))
+
+
+def free_bytes(out: Path) -> float:
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    return float(shutil.disk_usage(existing).free)
+
+
+def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str) -> List[Stage]:
+    from blockdraft.models.target_fingerprint import target_fingerprint
+    from blockdraft.train.checkpoint import complete_checkpoints
+
+    p = s.paths()
+    train_argv = commands.stage_argv("train", s, use_store)
+
+    def train() -> bool:
+        argv = list(train_argv)
+        if not complete_checkpoints(p["run"]):
+            argv.append("overwrite=true")  # a run killed before its first checkpoint has nothing to resume
+        return command_stage("train", argv, "fix what it says, then rerun the same command (with a lower optim.lr or "
+                             "optim.grad_clip set, where it says so): a stopped run resumes from its last checkpoint")()
+
+    def serve() -> bool:
+        p["report"].unlink(missing_ok=True)  # a report left from an earlier run must not pass for this one
+        code = run_command(commands.stage_argv("serve", s, use_store))
+        if not p["report"].is_file():
+            raise StageFailed("serve", code, f"see the vLLM logs under {p['report'].parent}")
+        # A finished check is cached even when it failed (the report says why); a stopped one is not.
+        return not json.loads(p["report"].read_text()).get("incomplete", True)
+
+    stages = [
+        Stage("regen", keys.regen_inputs(s, cfgs["regen"], target_fingerprint(s.target)),
+              command_stage("regen", commands.stage_argv("regen", s, use_store), "rerun: it resumes after the rows already written"),
+              lambda: p["train_rows"].is_file() and p["heldout_rows"].is_file(), p["train_rows"].parent,
+              moves=p["train_rows"].parent),
+        Stage("capture", keys.capture_inputs(s, cfgs["capture"]) if use_store else {},
+              command_stage("capture", commands.stage_argv("capture", s, use_store), "rerun: it resumes at the first unfinished shard"),
+              lambda: (p["store"] / "index.json").is_file(), p["store"], moves=p["store"],
+              skip_reason=None if use_store else why),
+        Stage("train", keys.train_inputs(s, cfgs["train"], use_store), train,
+              lambda: bool(complete_checkpoints(p["run"])), p["run"], moves=p["run"],
+              extent=keys.train_extent(cfgs["train"]), joined=True,
+              resume_inputs=keys.train_resume_inputs(s, cfgs["train"], use_store)),
+        Stage("export", keys.export_inputs(s, cfgs["export"]),
+              command_stage("export", commands.stage_argv("export", s, use_store), "see the export's message above"),
+              lambda: (p["export"] / "config.json").is_file(), p["export"], moves=p["export"]),
+        Stage("gate", keys.gate_inputs(s, commands.gate_words(s)),
+              command_stage("gate", commands.stage_argv("gate", s, use_store), f"its verdict is in {p['gate']}"),
+              lambda: p["gate"].is_file(), p["gate"], moves=p["gate"].parent, skip_reason=None if s.gate else "gate=false"),
+        Stage("serve", keys.serve_inputs(s, cfgs["serve"]), serve, lambda: p["report"].is_file(), p["report"],
+              moves=p["report"].parent),
+    ]
+    if use_store:
+        say(f"training from a feature store ({why})")
+    return stages

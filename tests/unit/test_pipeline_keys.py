@@ -1,0 +1,155 @@
+"""Each stage's key holds what its output depends on and nothing else: the settings named below, and for
+each stage before it, that stage's key and making. Speed, logging, progress and placement knobs, the
+interpreter, the node's rank and where `out` lies are in no key."""
+
+import pytest
+
+from blockdraft.models.tiny_target import save_tiny_target
+from blockdraft.pipeline import app, commands
+from blockdraft.pipeline.keys import key_settings
+from blockdraft.pipeline.runner import planned_keys
+from blockdraft.pipeline.settings import parse_overrides
+from blockdraft.pipeline.stages import pipeline_stages
+from tests.integration.conftest import REPO
+
+TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
+
+KEY_SETTINGS = {
+    "regen": [
+        "target", "config.target_dir", "config.out", "config.prompts", "config.num_train", "config.num_heldout",
+        "config.train_skip", "config.heldout_skip", "config.max_turns", "config.max_tokens",
+        "config.max_prompt_tokens", "config.temperature", "config.seed", "config.chat_template_kwargs",
+        "config.backend", "config.shard_size", "prompts_file",
+    ],
+    "capture": [
+        "store.target.path", "store.target.config_sha256", "store.target.vocab_size", "store.target.hidden_size",
+        "store.target.num_layers", "store.target_layer_ids", "store.feature_width",
+        "store.tokenization.tokenizer_sha256", "store.tokenization.seq_length", "store.tokenization.overlong",
+        "store.tokenization.packing", "store.tokenization.strict", "store.tokenization.max_rows",
+        "store.tokenization.chat_template_kwargs", "store.storage_dtype", "store.rows_per_shard",
+    ],
+    "train": [
+        "config.target.path", "config.target.tiny", "config.target.dtype", "config.draft.kind",
+        "config.draft.num_layers", "config.draft.block_size", "config.draft.mask_token_id",
+        "config.draft.target_layer_ids", "config.draft.num_target_features", "config.draft.hidden_size",
+        "config.draft.intermediate_size", "config.draft.num_attention_heads", "config.draft.num_key_value_heads",
+        "config.draft.head_dim", "config.draft.sliding_window", "config.draft.conv_kernel_size",
+        "config.draft.conv_group_size", "config.draft.selector_rank", "config.draft.selector_top_k",
+        "config.draft.draft_vocab_size", "config.draft.train_mask_embedding", "config.draft.mask_embedding_init",
+        "config.draft.correction_hidden_size", "config.draft.correction_rank", "config.data.train",
+        "config.data.val", "config.data.seq_length", "config.data.overlong", "config.data.strict",
+        "config.data.packing", "config.data.chat_template_kwargs", "config.data.max_rows", "config.data.features",
+        "config.optim.name", "config.optim.lr", "config.optim.weight_decay", "config.optim.betas",
+        "config.optim.warmup_ratio", "config.optim.min_lr_ratio", "config.optim.grad_clip", "config.optim.muon_lr",
+        "config.optim.muon_momentum", "config.optim.muon_weight_decay", "config.optim.muon_ns_steps",
+        "config.optim.muon_ns_dtype", "config.train.micro_batch_size", "config.train.grad_accum",
+        "config.train.num_anchors", "config.train.loss_type", "config.train.position_weighting",
+        "config.train.gamma", "config.train.loss_normalization", "config.train.dpace_alpha",
+        "config.train.ce_weight", "config.train.kl_weight", "config.train.teacher_top_k",
+        "config.train.kl_temperature", "config.train.prefix_weight_base", "config.train.selector_loss_weight",
+        "config.train.feature_noise_std", "config.train.dtype", "config.train.val_every",
+        "config.prepare.regenerate_builtin", "config.prepare.num_train", "config.prepare.num_val",
+        "config.prepare.max_new_tokens", "config.distributed", "config.run_dir", "config.init_from_target",
+        "config.init_from", "config.seed", "store", "world_size",
+    ],
+    "export": [
+        "config.checkpoint", "config.out", "config.dtype", "config.target_dir", "config.shard_size_bytes",
+    ],
+    "gate": [
+        "argv",
+    ],
+    "serve": [
+        "config.draft_dir", "config.target_dir", "config.prompts", "config.prompts_skip", "config.num_prompts",
+        "config.max_tokens", "config.rounds", "config.keep_servers", "config.out", "config.num_speculative_tokens",
+        "config.kv_cache_gib", "config.max_model_len", "config.max_num_seqs", "config.min_acceptance_length",
+        "config.use_chat_template", "config.chat_template_kwargs", "config.ignore_eos", "config.allow_near_ties",
+        "config.extra_vllm_args", "config.device", "config.engine",
+    ],
+}
+
+# Each changes how fast, how loudly or where a stage runs, never what it makes.
+NEUTRAL = [
+    "regen.workers=7", "regen.kv_cache_gib=3", "regen.cpu_threads_bind=auto", "regen.startup_timeout_s=30",
+    "regen.request_timeout_s=30", "regen.progress=true", "capture.rows_per_forward=4",
+    "train.log_every=3", "train.save_every=5", "train.keep_last=1", "train.progress=true", "train.max_nonfinite_steps=9",
+    "train.attention_backend=sdpa", "train.activation_checkpointing=true", "train.loss_chunk_size=16",
+    "distributed.target_sharding=fsdp", "wandb.project=renamed", "wandb.mode=offline", "data.cache_dir=/tmp/elsewhere",
+    "serve.startup_timeout_s=30", "serve.request_timeout_s=30",
+]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return save_tiny_target(TARGET, "qwen3")
+
+
+def stages_of(out, *extra):
+    s = parse_overrides([f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", "gate=true", *extra])
+    return pipeline_stages(s, app.prepare(s), True, "a store")
+
+
+def test_each_stage_keys_exactly_the_settings_its_output_depends_on(target, tmp_path):
+    assert {st.name: key_settings(st.inputs) for st in stages_of(tmp_path)} == KEY_SETTINGS
+
+
+@pytest.fixture(scope="module")
+def base(target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("keys")
+    return out, planned_keys(stages_of(out))
+
+
+@pytest.mark.parametrize("word", NEUTRAL)
+def test_a_speed_logging_or_placement_knob_changes_no_key(base, word):
+    out, keys = base
+    assert planned_keys(stages_of(out, word)) == keys
+
+
+def test_the_fingerprint_follows_the_weights_not_their_copies_or_times(tmp_path):
+    import os
+    import shutil
+
+    from blockdraft.models.target_fingerprint import target_fingerprint
+
+    path = save_tiny_target(tmp_path / "target", "qwen3")
+    first = target_fingerprint(path)
+    copy = shutil.copytree(path, tmp_path / "copy")  # new modification times, another path
+    os.utime(path / "model.safetensors", (0, 0))
+    assert target_fingerprint(copy) == first == target_fingerprint(path)
+    rewrite_weights(path)
+    assert target_fingerprint(path) != first
+
+
+def test_every_node_the_interpreter_and_a_moved_out_compute_the_same_keys(target, tmp_path, monkeypatch):
+    nodes = ["train.nnodes=2", "train.rdzv_endpoint=node0:29500"]
+    node0 = planned_keys(stages_of(tmp_path, *nodes, "train.node_rank=0"))
+    assert planned_keys(stages_of(tmp_path, *nodes[:1], "train.rdzv_endpoint=10.0.0.1:1234", "train.node_rank=1")) == node0
+    assert node0 != planned_keys(stages_of(tmp_path))  # two nodes train with twice the global batch
+    monkeypatch.setattr(commands, "python", lambda: "/opt/other/bin/python")
+    assert planned_keys(stages_of(tmp_path)) == planned_keys(stages_of(tmp_path / "moved"))
+
+
+def test_new_target_weights_at_the_same_path_change_every_key(tmp_path):
+    path = tmp_path / "target"
+    save_tiny_target(path, "qwen3")
+    before = planned_keys(stages_of(tmp_path / "out", f"target={path}"))
+    rewrite_weights(path)
+    after = planned_keys(stages_of(tmp_path / "out", f"target={path}"))
+    assert [name for name in before if before[name] == after[name]] == []
+
+
+def rewrite_weights(path):
+    """New weights of the same shapes over the old file (a fine-tune saved at the same path)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = path / "model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({k: v + 0.01 * torch.randn_like(v) for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
+
+
+def test_kept_servers_on_a_gpu_are_refused_before_any_work(target, tmp_path, capsys):
+    out = tmp_path / "p"
+    words = [f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", "serve.keep_servers=true",
+             "serve.device=cuda"]
+    assert app.main(words) == 2
+    assert "serve.keep_servers=false" in capsys.readouterr().err and not out.exists()

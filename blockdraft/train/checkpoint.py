@@ -9,6 +9,7 @@ resolved config, so a kill during a save leaves the previous checkpoint intact a
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -91,6 +92,18 @@ def find_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
         raise ConfigError(f"resume={resume!r} is not a checkpoint directory (no {TRAINER_STATE}); give a checkpoints/step_<N> path, auto, must or never.")
     verify_checksums(path)
     return path
+
+
+def load_trainer_state(checkpoint: Path) -> dict:
+    """The trainer state as data only: tensors, numbers, strings and containers of them. A checkpoint is
+    data, not code: torch's weights_only unpickler refuses any other object (a crafted pickle included)."""
+    try:
+        return torch.load(checkpoint / TRAINER_STATE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ConfigError(
+            f"{checkpoint / TRAINER_STATE} holds more than plain data and was not loaded "
+            f"({' '.join(str(err).split())[:300]}). A trainer state holds tensors and numbers only; resume from "
+            "another checkpoint (resume=<its checkpoints/step_<N> directory>) or start a new run_dir.") from None
 
 
 # The draft's identity: resuming with any of these changed would silently train another model.

@@ -45,6 +45,11 @@ def run_training(cfg) -> Path:
             lock.release()
 
 
+def merge_sums(window: dict, sums: dict) -> dict:
+    """A log window's sums plus one step's: a step can lack a key (no valid anchor: no gradient norm)."""
+    return {k: window.get(k, 0) + sums.get(k, 0) for k in {**window, **sums}}
+
+
 class NonFiniteSteps(RuntimeError):
     """train.max_nonfinite_steps steps in a row had a non-finite loss or gradient norm; nothing of them
     was applied, and the last checkpoint is the newest one."""
@@ -208,20 +213,56 @@ class Trainer:
         self.draft.load_state_dict(load_draft(path).state_dict())
         # Onto the CPU first: a checkpoint written on a GPU resumes on a CPU-only machine too (the
         # optimizer moves its state to the parameters' device; the RNG state must be a CPU tensor).
-        state = torch.load(path / ckpt.TRAINER_STATE, map_location="cpu", weights_only=False)
+        state = ckpt.load_trainer_state(path)
+        wanted_lrs = list(self.scheduler.base_lrs)  # this run's optim.lr (and muon_lr), before the saved ones
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.batches.restore(state["data_position"])
         torch.set_rng_state(state["torch_rng"])
         self.step = state["step"]
+        changes = self._continue_schedule(saved_cfg, wanted_lrs)
         if self.dist.is_main:
-            dropped = trim_metrics(self.run_dir, self.step)
+            dropped = trim_metrics(self.run_dir, self.step) if self.step < self.cfg.train.max_steps else 0
             print(f"[resume] continuing from {path} at step {self.step}"
                   + (f"; dropped {dropped} metrics line(s) written after it" if dropped else ""), flush=True)
+            for change in changes:
+                print(f"[resume] {change}", flush=True)
+
+    def _continue_schedule(self, saved_cfg, wanted_lrs: list) -> list:
+        """A resume follows this run's optim.lr and train.max_steps, not the saved ones: the learning rate
+        from the resumed step on is this run's schedule (warmup, cosine to max_steps) at that step. What
+        changed is returned, said on rank 0."""
+        changes = []
+        saved_lrs = list(self.scheduler.base_lrs)
+        if saved_lrs != wanted_lrs:
+            changes.append(f"optim peak learning rate {', '.join(f'{x:g}' for x in saved_lrs)} -> "
+                           f"{', '.join(f'{x:g}' for x in wanted_lrs)}: the schedule continues at the new rate")
+            self.scheduler.base_lrs = wanted_lrs
+            for group, lr in zip(self.optimizer.param_groups, wanted_lrs):
+                group["initial_lr"] = lr
+        saved_steps = OmegaConf.select(saved_cfg, "train.max_steps")
+        if saved_steps is not None and saved_steps != self.cfg.train.max_steps and self.step < self.cfg.train.max_steps:
+            changes.append(f"train.max_steps {saved_steps} -> {self.cfg.train.max_steps}: the learning-rate schedule "
+                           f"is now a {self.cfg.train.max_steps}-step run's, continued from step {self.step}")
+        if changes:
+            before = [g["lr"] for g in self.optimizer.param_groups]
+            last = self.scheduler.last_epoch
+            for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+                group["lr"] = base * factor(last)
+            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+            changes.append(f"learning rate at step {self.step}: {before[0]:.3g} -> {self.optimizer.param_groups[0]['lr']:.3g}")
+        return changes
 
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> Path:
         cfg = self.cfg
+        if self.resume_from is not None and self.step >= cfg.train.max_steps:
+            if self.dist.is_main:
+                past = "at" if self.step == cfg.train.max_steps else "past"
+                print(f"[resume] the run is already at step {self.step}, {past} train.max_steps={cfg.train.max_steps}: "
+                      f"nothing to train, {self.resume_from} stays as it is. Train it longer with a larger "
+                      "train.max_steps; start a new run with another run_dir (or overwrite=true).", flush=True)
+            return self.run_dir
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
@@ -255,7 +296,7 @@ class Trainer:
                 self._note_nonfinite()
             else:
                 self.nonfinite_run = []
-                window = sums if window is None else {k: window[k] + sums[k] for k in sums}
+                window = sums if window is None else merge_sums(window, sums)
             if (self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps) and window is not None:
                 self._log(window, time.perf_counter() - window_start, skipped_in_window)
                 window, window_start, skipped_in_window = None, time.perf_counter(), 0
@@ -316,6 +357,7 @@ class Trainer:
             return None
         if cfg.optim.grad_clip:
             totals["grad_norm"] = grad_norm.cpu()
+            totals["grad_norm_steps"] = torch.tensor(1.0)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -349,6 +391,8 @@ class Trainer:
                   "share_target": float(window["time_target_s"]) / world / seconds,
                   "share_draft": float(window["time_draft_s"]) / world / seconds}
         record["share_other"] = 1.0 - record["share_target"] - record["share_draft"]
+        if float(window.get("grad_norm_steps", 0)) > 0:  # steps without a valid anchor took no gradient
+            record["grad_norm"] = float(window["grad_norm"] / window["grad_norm_steps"])
         if skipped:
             record["skipped_nonfinite_steps"] = skipped
         if self.device.type == "cuda":

@@ -37,7 +37,8 @@ class DataConfig:
     cache_dir: Optional[str] = None
     """Where tokenised rows are cached; null means $BLOCKDRAFT_CACHE, else ~/.cache/blockdraft/tokenized."""
     max_rows: Optional[int] = None
-    """Read at most this many usable rows from each file; null reads them all."""
+    """Train on the first N training rows of each file (after rows set aside, and after packing): the rows
+    a feature store of the file holds first, so a run reads the same rows online and from a store."""
     features: Optional[str] = None
     """A feature store (`python -m blockdraft.data.capture ... out=<dir>`) to train from instead of
     running the target: its rows and target features replace data.train / data.val."""

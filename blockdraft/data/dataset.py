@@ -28,7 +28,7 @@ from blockdraft.errors import DataError
 log = logging.getLogger(__name__)
 
 # Bump when the cached layout or the tokenisation rules change, so old entries are ignored.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: data.max_rows counts training rows (after rejects and packing), as a feature store does
 
 
 @dataclass
@@ -55,6 +55,11 @@ class Documents:
     def lengths(self) -> torch.Tensor:
         return self.starts[1:] - self.starts[:-1]
 
+    def prefix(self, count: int) -> "Documents":
+        """The first `count` conversations."""
+        end = int(self.starts[count])
+        return Documents(self.tokens[:end], self.loss_mask[:end], self.starts[:count + 1].clone(), self.lines[:count].clone())
+
 
 class TokenizedDataset(Dataset):
     """Map-style rows in a fixed order, each one conversation or (packed) several.
@@ -63,12 +68,17 @@ class TokenizedDataset(Dataset):
     (D_r,) long, summing to L; `collate` turns a list of items into a padded batch.
     """
 
-    def __init__(self, documents: Documents, seq_length: int, packing: bool = False):
+    def __init__(self, documents: Documents, seq_length: int, packing: bool = False, max_rows: Optional[int] = None):
+        count = len(documents.lines)
+        groups = list(pack_documents(documents.lengths().tolist(), seq_length) if packing else range(count + 1))
+        if max_rows is not None and len(groups) - 1 > max_rows:
+            # The first max_rows rows, as a feature store of every row serves them (packing is order-preserving,
+            # so they are the rows packed from all the documents).
+            groups = groups[:max_rows + 1]
+            documents = documents.prefix(groups[-1])
         self.documents = documents
         self.document_lengths = documents.lengths()  # (D,)
-        count = len(documents.lines)
-        groups = pack_documents(self.document_lengths.tolist(), seq_length) if packing else range(count + 1)
-        self.row_starts = torch.as_tensor(list(groups), dtype=torch.int64)  # (R + 1,) into documents
+        self.row_starts = torch.as_tensor(groups, dtype=torch.int64)  # (R + 1,) into documents
 
     def __len__(self) -> int:
         return len(self.row_starts) - 1
@@ -187,7 +197,7 @@ def prepare_dataset(
             "Fix the rows as the reasons say, or point data.train / data.val at other rows."
         )
     (log.warning if report.total_rejected else log.info)("data: %s", report.summary())
-    return TokenizedDataset(documents, cfg.seq_length, cfg.packing), report
+    return TokenizedDataset(documents, cfg.seq_length, cfg.packing, cfg.max_rows), report
 
 
 def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documents, RejectReport]:
@@ -195,7 +205,10 @@ def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documen
     report = new_report(source)
     report.seq_length = cfg.seq_length
     ids, masks, lines = [], [], []
-    for row in iter_rows(source, report, strict=cfg.strict, max_rows=cfg.max_rows):
+    rows = RowCounter(cfg.seq_length, cfg.packing)
+    for row in iter_rows(source, report, strict=cfg.strict):
+        if cfg.max_rows is not None and rows.closed >= cfg.max_rows:
+            break  # the first max_rows training rows are whole: no later conversation changes them
         result = tokenize_row(
             row.messages, tokenizer, cfg.seq_length, cfg.overlong, cfg.chat_template_kwargs
         )
@@ -207,8 +220,26 @@ def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documen
         ids.append(result.input_ids)
         masks.append(result.loss_mask)
         lines.append(row.line)
+        rows.add(len(result.input_ids))
         report.rows_kept += 1
     return Documents.from_lists(ids, masks, lines), report
+
+
+class RowCounter:
+    """How many training rows the conversations so far make whole (pack_documents' rule, step by step):
+    data.max_rows counts those rows, after the rows set aside and after packing."""
+
+    def __init__(self, seq_length: int, packing: bool):
+        self.seq_length, self.packing, self.closed, self.used = seq_length, packing, 0, 0
+
+    def add(self, length: int) -> None:
+        if not self.packing:
+            self.closed += 1
+            return
+        if self.used and self.used + length > self.seq_length:
+            self.closed += 1
+            self.used = 0
+        self.used += length
 
 
 def _as_source(path_or_rows: Any) -> Any:
@@ -237,6 +268,7 @@ def cache_key(source: Any, tokenizer: Any, cfg: DataConfig) -> str:
         "overlong": cfg.overlong,
         "strict": cfg.strict,
         "max_rows": cfg.max_rows,
+        "packing": cfg.packing if cfg.max_rows is not None else None,  # where reading stops depends on it then
         "chat_template_kwargs": dict(cfg.chat_template_kwargs),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:32]

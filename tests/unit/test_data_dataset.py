@@ -188,3 +188,22 @@ def test_an_omegaconf_data_node_is_accepted(tok, cfg, train_file):
     node = OmegaConf.structured(cfg)
     ds, _ = prepare_dataset(str(train_file), tok, node)
     assert len(ds) == 3
+
+
+@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("max_rows", [1, 2, 3, 5])
+def test_max_rows_are_the_first_training_rows_as_a_store_of_every_row_holds_them(tok, tmp_path, packing, max_rows):
+    # Rows set aside (no reply, unreadable, overlong with drop) and packed rows: max_rows counts training
+    # rows, so online training and a feature store of the whole file read the same ones.
+    lines = [json.dumps(chat(f"q{i}", "a " * (3 + 5 * (i % 3)))) for i in range(12)]
+    lines[1], lines[4] = "{broken", json.dumps({"messages": [{"role": "user", "content": "no reply"}]})
+    lines[6] = json.dumps(chat("long", "x " * 200))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    base = DataConfig(train=str(path), seq_length=96, overlong="drop", packing=packing, cache_dir=str(tmp_path / "cache"))
+    every, _ = prepare_dataset(str(path), tok, base)
+    first, _ = prepare_dataset(str(path), tok, replace(base, max_rows=max_rows))
+    assert len(first) == min(max_rows, len(every))
+    for i in range(len(first)):
+        assert all(torch.equal(first[i][k], every[i][k]) for k in every[i]), i
+    assert torch.equal(first.reply_tokens(), torch.cat([every[i]["input_ids"][every[i]["loss_mask"]] for i in range(len(first))]))

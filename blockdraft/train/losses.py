@@ -260,19 +260,22 @@ def topk_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def selector_cross_entropy(
-    scores: Tensor, candidates: Tensor, labels: Tensor, weights: Tensor
+    scores: Tensor, candidates: Tensor, labels: Tensor, weights: Tensor,
+    block_ids: Optional[Tensor] = None, mode: str = "weights",
 ) -> tuple[Tensor, Tensor]:
     """DFlash2 selector CE and candidate recall.
 
     scores [M, k], candidates [M, k] long, labels [M], weights [M] -> (loss [], recall []).
     The CE picks the true label among the candidates, on rows where it is one of
-    them, with the same weights renormalised over those rows. recall is the
-    unweighted share of rows whose label is a candidate (nan when M == 0).
+    them, with the same weights, normalised as the block CE is (`mode`, over those rows:
+    normalized_loss; block_ids [M] for mode=blocks). recall is the unweighted share of rows
+    whose label is a candidate (nan when M == 0).
     """
     hit = candidates == labels.unsqueeze(-1)  # [M, k]
     found = hit.any(dim=-1)  # [M]
     target = hit.int().argmax(dim=-1)  # [M]: position of the label; 0 where absent (masked)
     ce = F.cross_entropy(scores.float(), target, reduction="none")  # [M]
-    loss = weighted_mean(ce, weights.float() * found)
+    ids = block_ids if block_ids is not None else torch.arange(len(ce), device=ce.device)
+    loss = normalized_loss(ce, weights.float() * found, ids, mode)
     recall = found.float().mean()
     return loss, recall

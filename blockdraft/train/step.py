@@ -144,7 +144,8 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         sums["correction_base_correct"] = (base_pred == labels).sum().float()  # the backbone alone, uncorrected
     if isinstance(module, DFlash2DraftModel):
         cand_ids, cand_logits = _candidates(module, h_sup, lm_head, logits, chunk)
-        loss, pred_sup = _add_selector_loss(module, cfg, cand_ids, cand_logits, h_sup, blocks.predecessors[sup], labels, weights, loss, pred_sup, sums)
+        loss, pred_sup = _add_selector_loss(module, cfg, cand_ids, cand_logits, h_sup, blocks.predecessors[sup], labels,
+                                            weights, loss, pred_sup, sums, block_ids, norm)
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
@@ -245,10 +246,12 @@ def _candidates(module, hidden, lm_head, logits, chunk: int):
     return ids, (torch.cat(parts) if parts else hidden.new_zeros(0, k))
 
 
-def _add_selector_loss(module, cfg: LoopConfig, cand_ids, cand_logits, h_sup, predecessors, labels, weights, loss, base_pred, sums):
-    """DFlash2: CE of the pairwise selector over each slot's top-k, with true predecessors."""
+def _add_selector_loss(module, cfg: LoopConfig, cand_ids, cand_logits, h_sup, predecessors, labels, weights, loss, base_pred,
+                       sums, block_ids, norm: str):
+    """DFlash2: CE of the pairwise selector over each slot's top-k, with true predecessors, normalised as the
+    block CE is (train.loss_normalization)."""
     scores = module.candidate_selector.score(h_sup, predecessors, cand_ids, cand_logits)  # [M, k]
-    sel_loss, recall = selector_cross_entropy(scores, cand_ids, labels, weights)
+    sel_loss, recall = selector_cross_entropy(scores, cand_ids, labels, weights, block_ids, norm)
     sel_pred = cand_ids.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)  # [M]
     m = float(len(labels))
     sums.update({

@@ -167,6 +167,18 @@ def test_selector_counts_only_rows_whose_label_is_a_candidate():
     assert recall.item() == pytest.approx(2 / 3)
 
 
+@pytest.mark.parametrize("mode,denominator", [("weights", 4.0), ("tokens", 2.0), ("blocks", 1.0)])
+def test_selector_follows_the_loss_normalization_of_the_block_ce(mode, denominator):
+    scores = torch.tensor([[2.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    candidates = torch.tensor([[4, 7], [3, 1], [0, 2]])
+    labels = torch.tensor([7, 1, 9])  # rows 0 and 1 hit (one block), row 2 misses (another block)
+    weights, blocks = torch.tensor([1.0, 3.0, 100.0]), torch.tensor([0, 0, 1])
+    loss, _ = selector_cross_entropy(scores, candidates, labels, weights, blocks, mode)
+    ce0 = -math.log(math.exp(0.0) / (math.exp(2.0) + 1.0))
+    ce1 = -math.log(math.exp(1.0) / (1.0 + math.exp(1.0)))
+    assert loss.item() == pytest.approx((1.0 * ce0 + 3.0 * ce1) / denominator, rel=1e-6)
+
+
 def test_selector_with_no_hit_is_zero_and_backpropagates():
     scores = torch.randn(2, 3, requires_grad=True)
     loss, recall = selector_cross_entropy(scores, torch.zeros(2, 3, dtype=torch.long),

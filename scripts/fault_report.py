@@ -28,6 +28,7 @@ SECTIONS = {
     "test_kills.py": "Kills and run-directory integrity (training and export)",
     "test_serving_faults.py": "Serving faults",
     "test_path_safety.py": "Outputs, paths and damaged files",
+    "test_reruns.py": "Reruns of a finished pipeline (what each kind of change keeps)",
 }
 
 

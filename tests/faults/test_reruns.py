@@ -47,9 +47,9 @@ def start(target, out, *extra, fault=None, log=None):
 class Rerun:
     """One pipeline run to its end: exit code, output, seconds, and the stages it ran."""
 
-    def __init__(self, target, out, *extra, log):
+    def __init__(self, target, out, *extra, log, fault=None):
         began = time.monotonic()
-        proc = start(target, out, *extra, log=log)
+        proc = start(target, out, *extra, log=log, fault=fault)
         self.code = proc.wait(WAIT_S * 3)
         self.seconds = time.monotonic() - began
         self.out = Path(log).read_text(errors="replace")
@@ -103,12 +103,12 @@ def chain(tmp_path_factory):
     target = shutil.copytree(save_tiny_target(REPO / ".cache" / "targets" / "tiny-qwen3", "qwen3"), root / "target")
     out, steps = root / "out", {}
 
-    def step(name, *extra, before=None):
+    def step(name, *extra, before=None, fault=None):
         if before:
             before()
         taken = {"store": snapshot(out / "store"), "run": snapshot(out / "run")} if out.exists() else {}
         aside = superseded(out)
-        result = Rerun(target, out, *extra, log=root / f"{name}.log")
+        result = Rerun(target, out, *extra, log=root / f"{name}.log", fault=fault)
         result.before, result.after = taken, {"store": snapshot(out / "store"), "run": snapshot(out / "run")}
         result.moved = sorted(set(superseded(out)) - set(aside))  # what this rerun moved aside
         steps[name] = result
@@ -118,7 +118,11 @@ def chain(tmp_path_factory):
     step("longer", "train.max_steps=40")
     step("recipe", "train.max_steps=40", "optim.lr=1e-3")
     step("force", "train.max_steps=40", "optim.lr=1e-3", "force=[train]")
-    step("weights", "train.max_steps=40", "optim.lr=1e-3", before=lambda: rewrite_weights(target))
+    # A new run that stops on non-finite steps (NaN losses from step 15 on), then the advice it prints, followed.
+    step("nonfinite", "train.max_steps=40", "optim.lr=1e-3", "train.max_nonfinite_steps=2", "force=[train]",
+         fault="train.loss@15+:nan")
+    step("advice", "train.max_steps=40", "optim.lr=5e-4", "train.max_nonfinite_steps=2")
+    step("weights", "train.max_steps=40", "optim.lr=5e-4", before=lambda: rewrite_weights(target))
     return out, steps
 
 
@@ -214,6 +218,26 @@ def test_force_train_trains_again_and_keeps_the_old_run(chain, record):
         problems.append("no line said where the forced stage's run went")
     record("force=[train] on a finished run", "the finished run moved whole to superseded/; training ran again "
            "from step 0 (not resumed at max_steps)", problems, result.seconds, "none needed")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_advice_after_non_finite_steps_works_as_printed_in_the_pipeline(chain, record):
+    out, steps = chain
+    stopped, result = steps["nonfinite"], steps["advice"]
+    problems = []
+    advice = "lower optim.lr, or set optim.grad_clip"
+    if stopped.code != 1 or advice not in stopped.out or "with a lower optim.lr or optim.grad_clip set" not in stopped.out:
+        problems.append(f"the stopped run exited {stopped.code} without the advice: {stopped.out[-2000:]}")
+    check(result, problems, ["train", "export", "serve"])
+    if "train: the run stopped part way; it continues from its last checkpoint" not in result.out:
+        problems.append("the rerun with a lower optim.lr did not continue the stopped run")
+    if "step_10 at step 10" not in result.out or "optim peak learning rate 0.001 -> 0.0005" not in result.out:
+        problems.append("training did not resume from step_10 at the lower rate")
+    if stages_moved(result):
+        problems.append(f"the stopped run's rerun moved {stages_moved(result)} aside")
+    record("training stops on non-finite steps in the pipeline; rerun as the advice says (a lower optim.lr)",
+           "the stopped run continued from step_10 at the new rate to step 40, nothing moved aside", problems,
+           result.seconds, "the same command with a lower optim.lr")
     assert not problems, "\n".join(problems)
 
 

@@ -58,3 +58,78 @@ def test_the_stage_finishes_its_clean_up_before_the_pipeline_returns(tmp_path, h
         if pipeline.poll() is None:
             os.killpg(pipeline.pid, signal.SIGKILL)
     assert "pipeline stopped" in rest and marker.read_text() == "cleaned up"
+
+
+# A stage with a worker of its own, as torchrun has: the worker writes its marker when the stop reaches it.
+LAUNCHER = """
+import signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]])
+signal.signal(signal.SIGTERM, lambda *_: (worker.wait(), sys.exit(143)))
+signal.signal(signal.SIGINT, lambda *_: (worker.wait(), sys.exit(130)))
+print("stage ready", flush=True)
+time.sleep(60)
+"""
+WORKER = """
+import pathlib, signal, sys, time
+def stopped(signum, _):
+    pathlib.Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+    sys.exit(1)
+signal.signal(signal.SIGINT, stopped)
+signal.signal(signal.SIGTERM, stopped)
+time.sleep(60)
+"""
+# A stage whose clean-up hangs: only a kill of its group ends it.
+STUCK = """
+import signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"])
+open(sys.argv[1], "w").write(str(worker.pid))
+signal.signal(signal.SIGINT, lambda *_: time.sleep(60))
+print("stage ready", flush=True)
+time.sleep(60)
+"""
+PIPELINE_WITH_ARGS = PIPELINE.replace("[sys.executable, \"-c\", sys.argv[1], sys.argv[2]]", "[sys.executable, \"-c\", *sys.argv[1:]]")
+
+
+def started(argv):
+    pipeline = subprocess.Popen([sys.executable, "-c", PIPELINE_WITH_ARGS, *argv], cwd=REPO, stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    for _ in range(40):
+        if pipeline.stdout.readline().strip() == "stage ready":
+            time.sleep(0.2)
+            return pipeline
+    pipeline.kill()
+    pytest.fail("the stage never started")
+
+
+def test_a_sigterm_to_the_pipeline_reaches_every_process_of_the_stage(tmp_path):
+    marker = tmp_path / "marker"
+    pipeline = started([LAUNCHER, str(marker), WORKER])
+    try:
+        os.kill(pipeline.pid, signal.SIGTERM)
+        rest, _ = pipeline.communicate(timeout=30)
+    finally:
+        if pipeline.poll() is None:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+    assert "pipeline stopped" in rest and marker.read_text() == "SIGTERM"
+
+
+def test_a_second_ctrl_c_kills_the_stage_group(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    pipeline = started([STUCK, str(pid_file)])
+    try:
+        os.kill(pipeline.pid, signal.SIGINT)  # the clean-up hangs
+        time.sleep(0.5)
+        began = time.monotonic()
+        os.kill(pipeline.pid, signal.SIGINT)  # the second Ctrl-C
+        rest, _ = pipeline.communicate(timeout=30)
+    finally:
+        if pipeline.poll() is None:
+            os.killpg(pipeline.pid, signal.SIGKILL)
+    assert "pipeline stopped" in rest and time.monotonic() - began < 10
+    worker = int(pid_file.read_text())
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{worker}") or "Z" in open(f"/proc/{worker}/stat").read().split(")")[1].split()[:1]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the stage's worker outlived the second Ctrl-C")

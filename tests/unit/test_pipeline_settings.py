@@ -133,3 +133,20 @@ def test_a_bad_value_for_a_later_stage_is_refused_before_the_first_stage(target,
     out = tmp_path / "p"
     assert app.main(words(out, word)) == 2
     assert needle in capsys.readouterr().err and not out.exists()
+
+
+def test_store_auto_is_decided_once_per_out_and_a_rerun_keeps_it(target, tmp_path, monkeypatch):
+    from blockdraft.pipeline import stages as runner
+    from blockdraft.pipeline.records import StageRecords
+
+    s = parse_overrides(words(tmp_path))
+    cfgs = app.prepare(s)
+    records = StageRecords(tmp_path / "stages.json")
+    assert runner.decide_store(s, cfgs, records)[0]  # a CPU: the store, recorded
+    # The store now takes the disk the first decision measured: deciding again would flip to online.
+    monkeypatch.setattr(runner, "free_bytes", lambda out: runner.store_bytes(cfgs) * 1.5)
+    assert not runner.use_feature_store(s, cfgs)[0]
+    use, why = runner.decide_store(s, cfgs, StageRecords(tmp_path / "stages.json"))
+    assert use and "as decided for this out" in why
+    explicit = parse_overrides(words(tmp_path, "store=false"))
+    assert runner.decide_store(explicit, cfgs, StageRecords(tmp_path / "stages.json")) == (False, "store=false")

@@ -4,7 +4,6 @@ composes every app with its overrides before the first stage starts."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import List
 
 from blockdraft.errors import ConfigError

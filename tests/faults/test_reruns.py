@@ -22,6 +22,7 @@ import pytest
 
 from blockdraft.models.tiny_target import save_tiny_target
 from tests.faults.conftest import REPO, WAIT_S
+from tests.unit.test_pipeline_keys import rewrite_weights
 
 BLOCKDRAFT = REPO / ".venv" / "bin" / "blockdraft"
 pytestmark = pytest.mark.skipif(not (REPO / ".venv-serve" / "bin" / "python").exists(),
@@ -85,15 +86,6 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def rewrite_weights(target: Path) -> None:
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    weights = target / "model.safetensors"
-    tensors = load_file(str(weights))
-    save_file({k: v + 0.02 * torch.randn_like(v) for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
 
 
 @pytest.fixture(scope="module")

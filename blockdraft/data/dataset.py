@@ -207,8 +207,6 @@ def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documen
     ids, masks, lines = [], [], []
     rows = RowCounter(cfg.seq_length, cfg.packing)
     for row in iter_rows(source, report, strict=cfg.strict):
-        if cfg.max_rows is not None and rows.closed >= cfg.max_rows:
-            break  # the first max_rows training rows are whole: no later conversation changes them
         result = tokenize_row(
             row.messages, tokenizer, cfg.seq_length, cfg.overlong, cfg.chat_template_kwargs
         )
@@ -222,12 +220,15 @@ def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documen
         lines.append(row.line)
         rows.add(len(result.input_ids))
         report.rows_kept += 1
+        if cfg.max_rows is not None and rows.closed >= cfg.max_rows:
+            break  # the first max_rows training rows are whole: no later conversation changes them
     return Documents.from_lists(ids, masks, lines), report
 
 
 class RowCounter:
     """How many training rows the conversations so far make whole (pack_documents' rule, step by step):
-    data.max_rows counts those rows, after the rows set aside and after packing."""
+    data.max_rows counts those rows, after the rows set aside and after packing. Packed, a row is whole
+    once a conversation has begun the next one (which TokenizedDataset then leaves out)."""
 
     def __init__(self, seq_length: int, packing: bool):
         self.seq_length, self.packing, self.closed, self.used = seq_length, packing, 0, 0

@@ -222,14 +222,14 @@ def test_strict_stops_at_the_first_unreadable_line_of_the_corpus(tmp_path):
 
 def test_max_rows_stops_reading_but_every_line_read_is_accounted_for(tmp_path):
     # Lines past the cap are not read at all, so they are neither kept nor rejected; every
-    # line up to the last one read is. The cap counts rows the reader accepted, so a row the
-    # tokenizer then rejects (line 3 here) uses up a place.
+    # line up to the last one read is. The cap counts training rows, so a row the tokenizer
+    # rejects (line 3 here) takes no place: the third training row is line 6.
     lines = [GOOD, b"{bad", line(chat(("user", "no reply"))), b"", GOOD, GOOD, GOOD]
     path = write(tmp_path / "capped.jsonl", lines)
     ds, report = prepare_dataset(path, TOKENIZERS["generation"], DataConfig(max_rows=3, cache_dir=str(tmp_path)))
-    assert [n for n, _, _ in documents(ds)] == [1, 5]
+    assert [n for n, _, _ in documents(ds)] == [1, 5, 6]
     assert report.rejected == {"bad_json": [2], "no_assistant_tokens": [3]}
-    assert report.rows_read == report.rows_kept + report.total_rejected == 4
+    assert report.rows_read == report.rows_kept + report.total_rejected == 5
 
 
 def test_rows_given_in_memory_are_accounted_for_too(tmp_path):

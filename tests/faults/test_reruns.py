@@ -225,10 +225,10 @@ def test_the_advice_after_non_finite_steps_works_as_printed_in_the_pipeline(chai
         problems.append("the rerun with a lower optim.lr did not continue the stopped run")
     if "step_10 at step 10" not in result.out or "optim peak learning rate 0.001 -> 0.0005" not in result.out:
         problems.append("training did not resume from step_10 at the lower rate")
-    if stages_moved(result):
-        problems.append(f"the stopped run's rerun moved {stages_moved(result)} aside")
+    if "train" in stages_moved(result):
+        problems.append("the stopped run was moved aside instead of continued")
     record("training stops on non-finite steps in the pipeline; rerun as the advice says (a lower optim.lr)",
-           "the stopped run continued from step_10 at the new rate to step 40, nothing moved aside", problems,
+           "the stopped run continued in place from step_10 at the new rate to step 40", problems,
            result.seconds, "the same command with a lower optim.lr")
     assert not problems, "\n".join(problems)
 
@@ -290,7 +290,8 @@ def test_two_nodes_killed_and_rerun_keep_their_training(tmp_path, record):
         problems.append(f"node 1 did not finish its training: {log('second', 1)[-1500:]}")
     kill_tree(second[0].pid)
     second[0].wait()
-    if "continuing from" not in log("second", 0) or "step_20 at step 20" not in log("second", 0):
+    # torchrun's c10d rendezvous gives global rank 0 (the one that resumes and saves) to either node.
+    if not any("step_20 at step 20" in log("second", rank) for rank in (0, 1)):
         problems.append("the rerun did not resume from step_20")
     trained = snapshot(out / "run" / "checkpoints")
     if any(trained.get(k) != v for k, v in kept.items()) or "step_30/model.safetensors" not in trained:

@@ -222,7 +222,7 @@ class Trainer:
         self.step = state["step"]
         changes = self._continue_schedule(saved_cfg, wanted_lrs)
         if self.dist.is_main:
-            dropped = trim_metrics(self.run_dir, self.step) if self.step < self.cfg.train.max_steps else 0
+            dropped = trim_metrics(self.run_dir, self.step) if self.step <= self.cfg.train.max_steps else 0
             print(f"[resume] continuing from {path} at step {self.step}"
                   + (f"; dropped {dropped} metrics line(s) written after it" if dropped else ""), flush=True)
             for change in changes:
@@ -256,13 +256,16 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> Path:
         cfg = self.cfg
-        if self.resume_from is not None and self.step >= cfg.train.max_steps:
+        if self.resume_from is not None and self.step > cfg.train.max_steps:
             if self.dist.is_main:
-                past = "at" if self.step == cfg.train.max_steps else "past"
-                print(f"[resume] the run is already at step {self.step}, {past} train.max_steps={cfg.train.max_steps}: "
+                print(f"[resume] the run is already at step {self.step}, past train.max_steps={cfg.train.max_steps}: "
                       f"nothing to train, {self.resume_from} stays as it is. Train it longer with a larger "
                       "train.max_steps; start a new run with another run_dir (or overwrite=true).", flush=True)
             return self.run_dir
+        if self.resume_from is not None and self.step == cfg.train.max_steps and self.dist.is_main:
+            # A run stopped between its last step and the end of its final save: that validation and save run again.
+            print(f"[resume] the run is at train.max_steps={self.step}: nothing to train; its final validation and "
+                  "checkpoint are written again. Train it longer with a larger train.max_steps.", flush=True)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(self.cfg_yaml)

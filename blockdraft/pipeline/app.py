@@ -82,12 +82,8 @@ def print_config(s: PipelineSettings) -> None:
     """`--cfg job`: what each stage would run, composed and checked, without running anything."""
     from omegaconf import OmegaConf
 
-    from blockdraft.pipeline.stages import use_feature_store
-
     cfgs = prepare(s)
-    recorded = StageRecords(s.root / "stages.json", writer=False)
-    use_store, why = (decide_store(s, cfgs, recorded) if s.store != "auto" or recorded.choice("store")
-                      else use_feature_store(s, cfgs))
+    use_store, why = decide_store(s, cfgs, StageRecords(s.root / "stages.json", writer=False))
     print(f"# feature store: {'yes' if use_store else 'no'} ({why})")
     for stage in ("regen", "capture", "train", "export", "serve"):
         print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, use_store)[1:])}")

@@ -27,13 +27,6 @@ class StageRecords:
     def _read(self) -> dict:
         return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
-    def finished(self, stage: str, key: str) -> bool:
-        record = self.records.get(stage, {})
-        return record.get("key") == key and record.get("done", False)
-
-    def started_with(self, stage: str) -> Optional[str]:
-        return self.records.get(stage, {}).get("key")
-
     def get(self, stage: str) -> dict:
         return self.records.get(stage, {})
 

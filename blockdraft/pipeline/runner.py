@@ -42,6 +42,11 @@ class Stage:
     """`inputs` less what a run that stopped part way may continue under (training: optim.lr, grad_clip)."""
 
 
+    def reached_by(self, record: dict) -> bool:
+        """The record's run went as far as this stage asks (always, for a stage without an extent)."""
+        return self.extent is None or (record.get("extent") or 0) >= self.extent
+
+
 class NodeZeroFailed(Exception):
     """A node of rank > 0 cannot go on: node 0 failed, or did not finish within the wait."""
 
@@ -57,12 +62,11 @@ def run_stages(stages: List[Stage], records: StageRecords, force: List[str], out
             upstream[stage.name] = {"skipped": True}
             say(f"{stage.name}: not run ({stage.skip_reason})")
             continue
-        key = stage_key({"before": upstream, "inputs": stage.inputs})
+        key = chain_key(upstream, stage.inputs)
         if follower:
             record = follow(stage, key, records, began, poll_s, wait_s, spent)
         else:
-            resume_key = (stage_key({"before": upstream, "inputs": stage.resume_inputs})
-                          if stage.resume_inputs is not None else None)
+            resume_key = chain_key(upstream, stage.resume_inputs) if stage.resume_inputs is not None else None
             record = lead(stage, key, records, force, out, spent, resume_key)
         upstream[stage.name] = {"key": key, "made": record.get("made")}
     return spent
@@ -75,9 +79,14 @@ def planned_keys(stages: List[Stage]) -> Dict[str, str]:
         if stage.skip_reason is not None:
             upstream[stage.name] = {"skipped": True}
             continue
-        out[stage.name] = stage_key({"before": upstream, "inputs": stage.inputs})
+        out[stage.name] = chain_key(upstream, stage.inputs)
         upstream[stage.name] = {"key": out[stage.name], "made": None}
     return out
+
+
+def chain_key(upstream: dict, inputs: dict) -> str:
+    """A stage's key: its own inputs and, for each stage before it, that one's key and making."""
+    return stage_key({"before": upstream, "inputs": inputs})
 
 
 def lead(stage: Stage, key: str, records: StageRecords, force: List[str], out: Optional[Path],
@@ -92,7 +101,7 @@ def lead(stage: Stage, key: str, records: StageRecords, force: List[str], out: O
             "settings (a finished run changed in them would be a new run)")
     if not forced and same and then.get("done") and stage.present():
         reached = then.get("extent")
-        if stage.extent is None or (reached is not None and reached >= stage.extent):
+        if stage.reached_by(then):
             say(f"{stage.name}: cached (finished {then['at']}, {then['seconds']:.0f} s then); skipped")
             if stage.extent is not None and reached > stage.extent:
                 say(f"{stage.name}: the run is already at step {reached}, past train.max_steps={stage.extent}: kept as "
@@ -133,7 +142,7 @@ def follow(stage: Stage, key: str, records: StageRecords, began: float, poll_s: 
     while True:
         record = records.reload().get(stage.name)
         ours = record.get("key") == key
-        if ours and record.get("done") and (stage.extent is None or (record.get("extent") or 0) >= stage.extent):
+        if ours and record.get("done") and stage.reached_by(record):
             if stage.joined:
                 say(f"{stage.name}: cached (node 0's record: finished {record['at']}); skipped")
             return record

@@ -38,14 +38,16 @@ def use_feature_store(s: PipelineSettings, cfgs: dict) -> tuple:
 def decide_store(s: PipelineSettings, cfgs: dict, records: StageRecords, follower: bool = False,
                  wait_s: float = 86400.0, poll_s: float = 10.0) -> tuple:
     """store=auto is decided once per `out` and recorded: the store itself takes the free disk the first
-    decision measured, so deciding again could flip it and train anew. Another node takes node 0's."""
+    decision measured, so deciding again could flip it and train anew. Another node takes node 0's; a
+    reader that writes nothing (`--cfg job`) decides without recording."""
     if s.store != "auto":
         return use_feature_store(s, cfgs)
     if not follower:
         recorded = records.choice("store")
         if recorded is None:
             use, why = use_feature_store(s, cfgs)
-            records.choose("store", {"use": use, "why": why, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+            if records.writer:
+                records.choose("store", {"use": use, "why": why, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
             return use, why
     else:
         deadline = time.monotonic() + wait_s

@@ -26,7 +26,7 @@ from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
 from blockdraft.train.run_lock import RunLock
-from blockdraft.train.optim import build_optimizer, build_scheduler
+from blockdraft.train.optim import build_optimizer, build_scheduler, continue_schedule
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype, resolve_target_dtype
 from blockdraft.train.step import train_step
 from blockdraft.train.target_sharding import shard_target
@@ -220,38 +220,14 @@ class Trainer:
         self.batches.restore(state["data_position"])
         torch.set_rng_state(state["torch_rng"])
         self.step = state["step"]
-        changes = self._continue_schedule(saved_cfg, wanted_lrs)
+        changes = continue_schedule(self.optimizer, self.scheduler, wanted_lrs, OmegaConf.select(saved_cfg, "train.max_steps"),
+                                    self.cfg.train.max_steps, self.step)
         if self.dist.is_main:
             dropped = trim_metrics(self.run_dir, self.step) if self.step <= self.cfg.train.max_steps else 0
             print(f"[resume] continuing from {path} at step {self.step}"
                   + (f"; dropped {dropped} metrics line(s) written after it" if dropped else ""), flush=True)
             for change in changes:
                 print(f"[resume] {change}", flush=True)
-
-    def _continue_schedule(self, saved_cfg, wanted_lrs: list) -> list:
-        """A resume follows this run's optim.lr and train.max_steps, not the saved ones: the learning rate
-        from the resumed step on is this run's schedule (warmup, cosine to max_steps) at that step. What
-        changed is returned, said on rank 0."""
-        changes = []
-        saved_lrs = list(self.scheduler.base_lrs)
-        if saved_lrs != wanted_lrs:
-            changes.append(f"optim peak learning rate {', '.join(f'{x:g}' for x in saved_lrs)} -> "
-                           f"{', '.join(f'{x:g}' for x in wanted_lrs)}: the schedule continues at the new rate")
-            self.scheduler.base_lrs = wanted_lrs
-            for group, lr in zip(self.optimizer.param_groups, wanted_lrs):
-                group["initial_lr"] = lr
-        saved_steps = OmegaConf.select(saved_cfg, "train.max_steps")
-        if saved_steps is not None and saved_steps != self.cfg.train.max_steps and self.step < self.cfg.train.max_steps:
-            changes.append(f"train.max_steps {saved_steps} -> {self.cfg.train.max_steps}: the learning-rate schedule "
-                           f"is now a {self.cfg.train.max_steps}-step run's, continued from step {self.step}")
-        if changes:
-            before = [g["lr"] for g in self.optimizer.param_groups]
-            last = self.scheduler.last_epoch
-            for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
-                group["lr"] = base * factor(last)
-            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
-            changes.append(f"learning rate at step {self.step}: {before[0]:.3g} -> {self.optimizer.param_groups[0]['lr']:.3g}")
-        return changes
 
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> Path:

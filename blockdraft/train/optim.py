@@ -159,3 +159,28 @@ def build_scheduler(optimizer, cfg: OptimConfig, max_steps: int):
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def continue_schedule(optimizer, scheduler, wanted_lrs: list, saved_max_steps: Optional[int], max_steps: int,
+                      step: int) -> list:
+    """After a resume has loaded the saved optimizer and scheduler: follow this run's peak rates (`wanted_lrs`,
+    its optim.lr and muon_lr) and max_steps instead of the saved ones, so from `step` on the learning rate is
+    this run's schedule (warmup, cosine to max_steps) at that step. Returns what changed, to be said."""
+    changes = []
+    saved_lrs = list(scheduler.base_lrs)
+    if saved_lrs != wanted_lrs:
+        changes.append(f"optim peak learning rate {', '.join(f'{x:g}' for x in saved_lrs)} -> "
+                       f"{', '.join(f'{x:g}' for x in wanted_lrs)}: the schedule continues at the new rate")
+        scheduler.base_lrs = wanted_lrs
+        for group, lr in zip(optimizer.param_groups, wanted_lrs):
+            group["initial_lr"] = lr
+    if saved_max_steps is not None and saved_max_steps != max_steps and step < max_steps:
+        changes.append(f"train.max_steps {saved_max_steps} -> {max_steps}: the learning-rate schedule "
+                       f"is now a {max_steps}-step run's, continued from step {step}")
+    if changes:
+        before = [g["lr"] for g in optimizer.param_groups]
+        for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+        changes.append(f"learning rate at step {step}: {before[0]:.3g} -> {optimizer.param_groups[0]['lr']:.3g}")
+    return changes

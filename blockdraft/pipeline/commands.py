@@ -125,7 +125,7 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
     out["serve"].validate_settings()
     if out["serve"].engine != "reference":
         out["serve"].vllm_python_path()  # the serving environment exists
-        check_kept_servers(out["serve"])
+        check_server_method(out["serve"])
     if s.gate:
         from blockdraft.serve.gate import parse_arguments
 
@@ -133,14 +133,14 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
     return out
 
 
-def check_kept_servers(serve) -> None:
-    """The serve harness refuses kept servers on a GPU (each would claim its memory share): said here,
-    before the training it would otherwise follow. A CUDA machine serves with the CUDA vLLM (the Makefile)."""
+def check_server_method(serve) -> None:
+    """The serve harness refuses a kept or frozen pair on a GPU (each server would claim its memory share):
+    said here, before the training it would otherwise follow. A CUDA machine serves with the CUDA vLLM."""
     gpu = serve.device == "cuda" or (serve.device == "auto" and on_cuda())
-    if serve.keep_servers and gpu:
-        raise ConfigError("serve.keep_servers=true keeps the baseline and the draft vLLM server up at once, which on a GPU "
-                          "would each claim their gpu_memory_utilization share; set serve.keep_servers=false "
-                          "(a fresh pair per round).")
+    try:
+        serve.server_method("cuda" if gpu else "cpu")
+    except ConfigError as err:
+        raise ConfigError(f"serve.{err}") from None
 
 
 ROUTING = ("The pipeline's own keys are target, out, prompts, experiment, gate, store, force, node_wait_minutes; regen.*, capture.*, "

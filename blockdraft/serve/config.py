@@ -17,6 +17,7 @@ from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 
 BUILTIN_PROMPT_SETS = ("sharegpt", "humaneval", "tiny")
 ENGINES = ("auto", "vllm", "reference")
+SERVER_METHODS = ("auto", "fresh", "frozen", "kept")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -42,11 +43,15 @@ class ServeConfig:
     max_tokens: int = 64
     """Tokens generated per prompt."""
     rounds: int = 2
-    """Baseline/draft pairs, the order alternating, each on fresh servers (unless keep_servers); the speedup is their median."""
-    keep_servers: bool = False
-    """Keep one baseline and one draft server up for all the rounds, both in memory at once (the idle one
-    only waits), instead of a fresh pair per round: 2 start-ups instead of 2 x rounds. CPU only: on a GPU
-    each server would claim its gpu_memory_utilization share."""
+    """Baseline/draft pairs, the order alternating; the speedup is their median."""
+    servers: str = "auto"
+    """Where the rounds run: fresh (a new baseline and draft server every round) | frozen (one of each for every
+    round, both in memory, the idle one stopped with SIGSTOP while the other is measured: 2 start-ups) | kept
+    (the same, the idle one left running: it slowed the baseline by ~6% on a 2-core CPU, docs/benchmarks.md
+    serve_methods; for comparison only) | auto (frozen with vLLM on a CPU, fresh on a GPU, where two servers
+    would each claim their gpu_memory_utilization share)."""
+    warmup_prompts: int = 2
+    """Prompts generated in full, untimed, on each server before its first measured phase."""
     out: str = "runs/serve"
     """Report directory: report.json, acceptance.png and the vLLM logs."""
     overwrite: bool = False
@@ -122,6 +127,11 @@ class ServeConfig:
             )
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} is not one of {list(DEVICES)}; pick one.")
+        if self.servers not in SERVER_METHODS:
+            raise ConfigError(f"servers={self.servers!r} is not one of {list(SERVER_METHODS)}; pick one "
+                              "(auto: frozen servers on a CPU, a fresh pair per round on a GPU).")
+        if not isinstance(self.warmup_prompts, int) or self.warmup_prompts < 0:
+            raise ConfigError(f"warmup_prompts={self.warmup_prompts!r}: set 0 or more prompts.")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine={self.engine!r} is not one of {list(ENGINES)}; pick one.")
         if not all(isinstance(a, str) for a in self.extra_vllm_args):
@@ -145,6 +155,17 @@ class ServeConfig:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{key}={value!r} must be a positive number; set {key} above 0.")
+
+    def server_method(self, device: str) -> str:
+        """The `servers` method on `device`; kept and frozen pairs are refused on a GPU, whose two servers
+        would each claim their gpu_memory_utilization share at once."""
+        if device == "cpu":
+            return "frozen" if self.servers == "auto" else self.servers
+        if self.servers in ("kept", "frozen"):
+            raise ConfigError(f"servers={self.servers} keeps a baseline and a draft vLLM server up at once, which on "
+                              f"{device} would each claim their gpu_memory_utilization share; set servers=fresh "
+                              "(or auto: a fresh pair per round).")
+        return "fresh"
 
     def vllm_python_path(self) -> Path:
         """The serving interpreter, which must exist: vLLM pins its own torch, so it lives apart."""

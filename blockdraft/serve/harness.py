@@ -1,14 +1,14 @@
 """The smoke-serve check: preflight -> rounds of (baseline server, draft server) -> verdict and report.
 
 Every server gets the same target, arguments and token-id prompts; only the draft runs
-add `--speculative-config`. The servers run one after the other (one machine, one
-model in memory at a time), each stopped before the next starts. `rounds=` repeats the
-pair on fresh servers, the order alternating (baseline first in odd rounds, draft first
-in even ones), so that a machine slowing down or speeding up mid-run shows in the spread
-instead of deciding the ratio. On a CPU `keep_servers=true` keeps one server of each up
-for every round instead (both in memory, the idle one waiting): the same alternation with
-two start-ups. A DFlash2 draft that the serving vLLM cannot run goes to the reference
-engine instead, and the report says so.
+add `--speculative-config`. `rounds=` repeats the pair, the order alternating (baseline
+first in odd rounds, draft first in even ones), so that a machine slowing down or speeding
+up mid-run shows in the spread instead of deciding the ratio. `servers=` says where the
+rounds run: a fresh pair per round, or one server of each for every round with the idle one
+frozen (SIGSTOP) or left running (kept, which measured the baseline ~6% slow on a 2-core CPU).
+Each server generates `warmup_prompts` untimed before its first measured phase, and the idle
+server's CPU seconds during each measured phase go into the report. A DFlash2 draft that the
+serving vLLM cannot run goes to the reference engine instead, and the report says so.
 """
 
 from __future__ import annotations
@@ -48,10 +48,8 @@ def run(cfg: ServeConfig) -> dict:
     plan = plan_serving(cfg)
     for warning in plan.warnings:
         say(f"warning: {warning}")
-    if cfg.keep_servers and plan.engine == "vllm" and plan.device != "cpu":
-        raise ConfigError(f"keep_servers=true runs the baseline and the draft server at once, which on {plan.device} would "
-                          "each claim their gpu_memory_utilization share; set keep_servers=false (a fresh pair per round).")
-    record = _new_record(cfg, plan)
+    method = cfg.server_method(plan.device) if plan.engine == "vllm" else None
+    record = _new_record(cfg, plan, method)
     prompts = _prompts(cfg, record)
     try:
         if plan.engine == "reference":
@@ -81,7 +79,7 @@ def _finish(cfg: ServeConfig, record: RunRecord, began: float) -> dict:
     return report
 
 
-def _new_record(cfg: ServeConfig, plan: Plan) -> RunRecord:
+def _new_record(cfg: ServeConfig, plan: Plan, method: Optional[str]) -> RunRecord:
     settings = {
         "draft": str(Path(cfg.draft_dir).resolve()),
         "target": str(Path(cfg.target_dir).resolve()),
@@ -92,7 +90,8 @@ def _new_record(cfg: ServeConfig, plan: Plan) -> RunRecord:
         "max_tokens": cfg.max_tokens,
         "min_acceptance_length": cfg.min_acceptance_length,
         "rounds_planned": rounds_for(cfg, plan),
-        "keep_servers": cfg.keep_servers,
+        "servers": method,
+        "warmup_prompts": cfg.warmup_prompts if method else None,
     }
     # The machine and (below) vLLM's thread binding: the same recipe gave 0.93x and 1.27x on two
     # machines of one kind, so a report says where it ran.
@@ -139,20 +138,29 @@ def speculative_config(plan: Plan) -> dict:
 
 def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record: RunRecord) -> None:
     speculative = speculative_config(plan)
-    with contextlib.ExitStack() as kept:
+    method = record.settings["servers"]
+    with contextlib.ExitStack() as pair:
         servers = {}
-        if cfg.keep_servers:  # both up before round 1, in its order; each is stopped when the rounds end
+        if method != "fresh":  # both up before round 1, in its order; each is stopped when the rounds end
             for phase in PHASES:
-                servers[phase] = kept.enter_context(start_server(cfg, plan, record, phase, speculative if phase == "draft" else None, 1))
+                servers[phase] = pair.enter_context(start_server(cfg, plan, record, phase, speculative if phase == "draft" else None, 1))
+                if method == "frozen":
+                    servers[phase].freeze()  # thawed for its own phases only
         for number in range(1, record.planned_rounds + 1):
             round_ = Round(order=PHASES if number % 2 else PHASES[::-1])
             record.rounds.append(round_)
             for phase in round_.order:
                 spec = speculative if phase == "draft" else None
-                if cfg.keep_servers:
-                    completions = generate_on(cfg, servers[phase], prompts, record, phase, spec is not None, number)
-                else:
+                if method == "fresh":
                     completions = serve_and_generate(cfg, plan, prompts, record, phase, spec, number)
+                else:
+                    server, idle = servers[phase], servers[other_phase(phase)]
+                    server.thaw()
+                    # Round 1 measures each server for the first time: its warm-up comes first.
+                    completions = generate_on(cfg, server, prompts, record, phase, spec is not None, number,
+                                              first=number == 1, idle=idle)
+                    if method == "frozen":
+                        server.freeze()
                 setattr(round_, phase, completions)
     runner = runner_from_log(Path(cfg.out) / log_name("draft", 1))
     record.environment["runner"] = runner
@@ -165,6 +173,10 @@ def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record
             f"the DFlash2 draft was not served by vLLM's V2 model runner (log says: {runner or 'no runner line'}); "
             "a fallback would serve it as plain DFlash. Serve on a GPU vLLM with Triton."
         )
+
+
+def other_phase(phase: str) -> str:
+    return PHASES[1 - PHASES.index(phase)]
 
 
 def log_name(phase: str, round_number: int) -> str:
@@ -182,7 +194,7 @@ def serve_and_generate(
     """One fresh server for `phase` (with the draft when `speculative` is given): start it, generate
     every prompt (timed, the draft's counters read around them), stop it."""
     with start_server(cfg, plan, record, phase, speculative, number) as server:
-        completions = generate_on(cfg, server, prompts, record, phase, speculative is not None, number)
+        completions = generate_on(cfg, server, prompts, record, phase, speculative is not None, number, first=True)
     say(f"{_label(record, phase, number)}: server stopped")
     return completions
 
@@ -191,7 +203,8 @@ def serve_and_generate(
 def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, speculative: Optional[dict], number: int):
     args, env = server_arguments(cfg, plan.device)
     log_path = Path(cfg.out) / log_name(phase, number)
-    label = _label(record, phase, number) if not cfg.keep_servers else f"{phase} (kept for every round)"
+    method = record.settings.get("servers")
+    label = _label(record, phase, number) if method in (None, "fresh") else f"{phase} ({method}, for every round)"
     say(f"{label}: starting vLLM (log: {log_path})")
     log_path.unlink(missing_ok=True)
     with VllmServer(
@@ -204,10 +217,20 @@ def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, sp
 
 
 def generate_on(cfg: ServeConfig, server: VllmServer, prompts, record: RunRecord, phase: str, speculative: bool,
-                number: int) -> List[Completion]:
+                number: int, first: bool, idle: Optional[VllmServer] = None) -> List[Completion]:
+    """Every prompt on `server`, timed; `first`: its first measured phase, after the warm-up; `idle`: the other
+    server of a kept or frozen pair, whose CPU seconds during the timed generation are recorded."""
     label, key = _label(record, phase, number), f"{phase}{phase_suffix(number)}"
     try:
+        if first and cfg.warmup_prompts:
+            began = time.perf_counter()
+            complete_all(server.url, _model(cfg), prompts[: cfg.warmup_prompts], cfg.max_tokens, cfg.request_timeout_s,
+                         cfg.ignore_eos)
+            record.timings_s[f"warmup_{key}"] = time.perf_counter() - began
+        idle_before = idle.cpu_seconds() if idle is not None else None
         completions = _generate(cfg, server, _model(cfg), prompts, record, key, speculative)
+        if idle is not None:
+            record.idle_cpu_s[key] = idle.cpu_seconds() - idle_before
     except RequestError as err:
         state = "is still up" if server.alive() else "has exited"
         raise ServerError(f"the {label} run failed: {err}\nThe server {state}; {server.tail_message()}") from None

@@ -68,6 +68,7 @@ class RunRecord:
     rounds: List[Round] = field(default_factory=list)
     planned_rounds: int = 1
     timings_s: Dict[str, float] = field(default_factory=dict)
+    idle_cpu_s: Dict[str, float] = field(default_factory=dict)  # the idle server's CPU seconds per measured phase
     environment: Dict[str, object] = field(default_factory=dict)  # vllm_version, device, runner
     warnings: List[str] = field(default_factory=list)
     extra_failures: List[str] = field(default_factory=list)
@@ -89,17 +90,43 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
         "prompts_sent": len(record.sources),
         "prompts_skipped_too_long": record.prompts_too_long,
         "timings_s": record.timings_s,
-        "warnings": record.warnings,
+        "idle_server_cpu_s": record.idle_cpu_s,
+        "warnings": list(record.warnings),
     }
     report.update(_throughput(record))
+    if report["round_cost"] is not None and report["round_cost"] < 1.0:
+        report["round_cost_suspect"] = True
+        report["warnings"].append(
+            f"round cost {report['round_cost']:.2f} < 1.0: a draft-and-verify round (a target step over several tokens "
+            "plus the draft) cannot cost less than one plain decode step, so some phase was measured slow; distrust "
+            "this speedup and measure again with servers=fresh or frozen")
     if record.complete:
         report.update(_verdict(record, min_acceptance_length, allow_near_ties))
+        report["pays"] = payoff(report["mean_acceptance_length"], report["round_cost"], report["speedup"])
     else:
         why = record.error or "the run stopped before every run finished"
         report.update(lossless=None, draft_active=None, mean_acceptance_length=None, passed=False)
         report["acceptance_per_position"] = []
         report["failures"] = [*record.extra_failures, f"incomplete: {(why.splitlines() or [why])[0]}"]
     return report
+
+
+def payoff(acceptance: Optional[float], round_cost: Optional[float], speedup: Optional[float]) -> Optional[dict]:
+    """Did the draft pay on this machine, and if not, by how much it missed. A round yields `acceptance`
+    tokens at `round_cost` plain decode steps, so the speedup is about their ratio: the draft pays where
+    its mean acceptance length exceeds this machine's round cost."""
+    if acceptance is None or round_cost is None or speedup is None:
+        return None
+    paid = speedup > 1.0
+    if paid:
+        line = (f"the draft pays here: {speedup:.2f}x, a mean acceptance length of {acceptance:.2f} over a round cost "
+                f"of {round_cost:.2f} plain decode steps")
+    else:
+        line = (f"the draft does not pay here ({speedup:.2f}x): a round costs {round_cost:.2f} plain decode steps and "
+                f"yields {acceptance:.2f} tokens; it pays with a mean acceptance length above {round_cost:.2f} "
+                f"(+{round_cost - acceptance:.2f}) or on a machine whose round costs less than {acceptance:.2f} steps")
+    return {"paid": paid, "acceptance_needed": round_cost, "acceptance": acceptance, "round_cost": round_cost,
+            "line": line}
 
 
 def _median(values: List[Optional[float]]) -> Optional[float]:
@@ -219,7 +246,9 @@ def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
         ("tokens/s draft", _fmt(report.get("tokens_per_s_draft"))),
         ("speedup", _speedup_line(report)),
         ("round cost", f"{report['round_cost']:.2f} plain decode steps per draft-and-verify round"
-         if report.get("round_cost") else "-"),
+         + (" (below 1.0: distrust)" if report.get("round_cost_suspect") else "") if report.get("round_cost") else "-"),
+        ("pays?", (report.get("pays") or {}).get("line", "-")),
+        ("servers", _servers_line(report)),
         *((f"time {k}", f"{v:.1f} s") for k, v in report.get("timings_s", {}).items()),
         ("prompts sent", str(report.get("prompts_sent"))),
         ("vLLM", f"{report.get('vllm_version')} on {report.get('device')}"),
@@ -237,6 +266,15 @@ def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
     for mismatch in report.get("mismatches", [])[:10]:
         print(f"  mismatch: prompt {mismatch['prompt_index']} at token {mismatch['position']} "
               f"({mismatch['baseline_token']} vs {mismatch['draft_token']}, near-tie {mismatch['near_tie']})", file=stream)
+
+
+def _servers_line(report: dict) -> str:
+    method = report.get("servers")
+    if not method:
+        return "-"
+    idle = report.get("idle_server_cpu_s") or {}
+    cpu = f"; idle server's CPU during measured phases: {sum(idle.values()):.2f} s in all" if idle else ""
+    return f"{method}, {report.get('warmup_prompts')} warm-up prompt(s) per server{cpu}"
 
 
 def _speedup_line(report: dict) -> str:

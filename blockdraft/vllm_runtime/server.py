@@ -107,6 +107,7 @@ class VllmServer:
         self.startup_s: Optional[float] = None
         self.process: Optional[subprocess.Popen] = None
         self._log_offset = 0  # where this launch's output starts in the (appended) log
+        self._guard: Optional[subprocess.Popen] = None  # while frozen: continues the group if we die
 
     @property
     def url(self) -> str:
@@ -188,6 +189,8 @@ class VllmServer:
         process, self.process = self.process, None
         group = process.pid  # a session leader's pid is its process group id
         _signal_group(group, signal.SIGTERM)
+        _signal_group(group, signal.SIGCONT)  # a frozen server only acts on the SIGTERM once continued
+        self._end_guard()
         try:
             gone = _wait_group_gone(process, group, self.grace_s)
         except KeyboardInterrupt:
@@ -200,6 +203,39 @@ class VllmServer:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    # --- freezing the idle one of two kept servers ------------------------------------
+    def freeze(self) -> None:
+        """SIGSTOP the whole process group, so that an idle server takes no CPU from the one being
+        measured. A guard process continues it should this process die while it is frozen."""
+        if self.process is None or self._guard is not None:
+            return
+        self._guard = start_freeze_guard(self.process.pid)
+        _signal_group(self.process.pid, signal.SIGSTOP)
+        # The signal is delivered asynchronously: the measured phase starts once every member has stopped.
+        deadline = time.monotonic() + 5.0
+        while set(group_states(self.process.pid)) - {"T", "t"} and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def thaw(self) -> None:
+        """SIGCONT the group (a no-op on a server that is not frozen)."""
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGCONT)
+        self._end_guard()
+
+    def _end_guard(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.kill()
+            guard.wait()
+
+    @property
+    def frozen(self) -> bool:
+        return self._guard is not None
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds used so far by the live processes of the server's group."""
+        return group_cpu_seconds(self.process.pid) if self.process is not None else 0.0
 
     # --- the log --------------------------------------------------------------------
     def log_tail(self, lines: int = 40) -> str:
@@ -269,6 +305,44 @@ def group_members(group: int) -> List[int]:
             if fields and fields[0] != "Z" and int(fields[2]) == group:
                 members.append(int(entry.name))
     return members
+
+
+def group_states(group: int) -> List[str]:
+    """The state letter of each live member of a process group (T: stopped), from /proc."""
+    found = (_stat_fields(Path(f"/proc/{pid}/stat")) for pid in group_members(group))
+    return [fields[0] for fields in found if fields]
+
+
+def group_cpu_seconds(group: int) -> float:
+    """utime + stime of the group's live processes (every thread included), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for pid in group_members(group):
+        fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+        if fields:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+# Waits for its parent (the harness) to go, then continues the frozen group: should the harness be
+# SIGKILLed, the server's own parent-death SIGTERM stays pending on a stopped process until then.
+_GUARD = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == parent:
+    time.sleep(0.2)
+try:
+    os.killpg(group, signal.SIGCONT)
+except OSError:
+    pass
+"""
+
+
+def start_freeze_guard(group: int) -> subprocess.Popen:
+    # Its own session: a Ctrl-C to the harness's terminal must not end the guard before the harness
+    # has continued the server itself.
+    return subprocess.Popen([sys.executable, "-c", _GUARD, str(os.getpid()), str(group)], stdin=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def _stat_fields(path: Path) -> Optional[List[str]]:

@@ -34,6 +34,7 @@ def setup(tmp_path, monkeypatch):
 
 
 def test_a_lossless_active_run_passes_and_writes_its_report(setup):
+    setup.servers = "fresh"
     report = harness.run(setup)
     assert report["passed"] and report["lossless"] and report["draft_active"], report["failures"]
     assert report["engine"] == "vllm" and not report["incomplete"]
@@ -57,35 +58,51 @@ def test_a_lossless_active_run_passes_and_writes_its_report(setup):
 
 
 def test_one_round_serves_each_side_once(setup):
-    setup.rounds = 1
+    setup.rounds, setup.servers = 1, "fresh"
     report = harness.run(setup)
     assert report["passed"] and len(report["rounds"]) == 1 and report["tokens_generated"] == {"baseline": 64, "draft": 64}
     assert not (Path(setup.out) / "vllm_draft_round2.log").exists()
 
 
-def test_kept_servers_serve_every_round_with_two_start_ups(setup):
-    setup.keep_servers = True
+@pytest.mark.parametrize("method", ["frozen", "kept"])
+def test_a_pair_kept_for_every_round_starts_twice_and_records_the_idle_servers_cpu(setup, method):
+    setup.servers = method
     report = harness.run(setup)
-    assert report["passed"] and report["lossless"] and report["keep_servers"]
+    assert report["passed"] and report["lossless"] and report["servers"] == method
     assert sorted(k for k in report["timings_s"] if k.startswith("startup_")) == ["startup_baseline", "startup_draft"]
     assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"], ["draft", "baseline"]]
     # The counters are read around each round's draft run: the same server, counted once per round.
     assert report["mean_acceptance_length"] == pytest.approx(2.5)
     assert report["tokens_generated"] == {"baseline": 128, "draft": 128}
     assert sorted(p.name for p in Path(setup.out).glob("vllm_*.log")) == ["vllm_baseline.log", "vllm_draft.log"]
+    # Each server warms up once, before its first measured phase (round 1); every measured phase has the
+    # idle server's CPU seconds beside it.
+    assert sorted(k for k in report["timings_s"] if k.startswith("warmup_")) == ["warmup_baseline", "warmup_draft"]
+    assert sorted(report["idle_server_cpu_s"]) == ["baseline", "baseline_round2", "draft", "draft_round2"]
 
 
-def test_kept_servers_are_refused_on_a_gpu_before_any_server_starts(setup, monkeypatch):
-    import dataclasses
+def test_cpu_default_is_a_frozen_pair_and_a_fresh_pair_warms_every_server(setup):
+    report = harness.run(setup)
+    assert report["servers"] == "frozen" and report["warmup_prompts"] == 2
+    setup.servers, setup.out = "fresh", setup.out + "-fresh"
+    fresh = harness.run(setup)
+    assert len([k for k in fresh["timings_s"] if k.startswith("warmup_")]) == 4 and fresh["idle_server_cpu_s"] == {}
 
-    from blockdraft.errors import ConfigError
 
-    planned = harness.plan_serving
-    monkeypatch.setattr(harness, "plan_serving", lambda cfg: dataclasses.replace(planned(cfg), device="cuda"))
-    setup.keep_servers = True
-    with pytest.raises(ConfigError, match="keep_servers=true runs the baseline and the draft server at once"):
-        harness.run(setup)
-    assert not Path(setup.out).exists()
+def test_a_frozen_idle_server_takes_no_cpu_while_the_other_is_measured(setup, monkeypatch):
+    # Each fake server's child spins on a core, and each phase lasts over a second: left running (kept),
+    # the idle server takes CPU from the measured one; frozen, it takes none.
+    monkeypatch.setenv("FAKE_BUSY", "1")
+    monkeypatch.setenv("FAKE_SLOW_S", "0.3")
+    monkeypatch.setenv("FAKE_DIR", str(Path(setup.out).parent))
+    setup.rounds, setup.warmup_prompts = 1, 0
+    out = setup.out
+    idle = {}
+    for method in ("kept", "frozen"):
+        setup.servers, setup.out = method, f"{out}-{method}"
+        idle[method] = harness.run(setup)["idle_server_cpu_s"]
+    assert min(idle["kept"].values()) > 0.3, idle
+    assert max(idle["frozen"].values()) == 0.0, idle
 
 
 def test_a_differing_draft_run_is_reported_with_prompt_and_position(setup, monkeypatch):

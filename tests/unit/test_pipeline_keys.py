@@ -60,7 +60,7 @@ KEY_SETTINGS = {
     ],
     "serve": [
         "config.draft_dir", "config.target_dir", "config.prompts", "config.prompts_skip", "config.num_prompts",
-        "config.max_tokens", "config.rounds", "config.keep_servers", "config.out", "config.num_speculative_tokens",
+        "config.max_tokens", "config.rounds", "config.servers", "config.warmup_prompts", "config.out", "config.num_speculative_tokens",
         "config.kv_cache_gib", "config.max_model_len", "config.max_num_seqs", "config.min_acceptance_length",
         "config.use_chat_template", "config.chat_template_kwargs", "config.ignore_eos", "config.allow_near_ties",
         "config.extra_vllm_args", "config.device", "config.engine",
@@ -147,9 +147,9 @@ def rewrite_weights(path):
     save_file({k: v + 0.01 * torch.randn_like(v) for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
 
 
-def test_kept_servers_on_a_gpu_are_refused_before_any_work(target, tmp_path, capsys):
+def test_a_frozen_pair_on_a_gpu_is_refused_before_any_work(target, tmp_path, capsys):
     out = tmp_path / "p"
-    words = [f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", "serve.keep_servers=true",
+    words = [f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", "serve.servers=frozen",
              "serve.device=cuda"]
     assert app.main(words) == 2
-    assert "serve.keep_servers=false" in capsys.readouterr().err and not out.exists()
+    assert "serve.servers=frozen keeps a baseline and a draft" in capsys.readouterr().err and not out.exists()

@@ -56,7 +56,7 @@ def capture_inputs(s: PipelineSettings, cfg) -> dict:
 def train_inputs(s: PipelineSettings, cfg, use_store: bool) -> dict:
     """The recipe, the store choice and the world size (the global batch); not the node's rank, the
     rendezvous address or the interpreter: every node computes the same key."""
-    neutral = (*type(cfg).OUTPUT_NEUTRAL, type(cfg).EXTENT)
+    neutral = (*type(cfg).OUTPUT_NEUTRAL, *type(cfg).EXTENT)
     world = s.nproc * int(s.torchrun.get("nnodes", 1))
     return placeheld({"config": without(cfg, neutral), "store": use_store, "world_size": world}, s)
 
@@ -70,8 +70,10 @@ def train_resume_inputs(s: PipelineSettings, cfg, use_store: bool) -> dict:
     return inputs
 
 
-def train_extent(cfg) -> int:
-    return int(cfg.train.max_steps)
+def train_extent(cfg) -> dict:
+    """How far training goes: a record that went as far or further (no time limit is furthest) is cached."""
+    minutes = cfg.train.max_minutes
+    return {"max_steps": int(cfg.train.max_steps), "max_minutes": None if minutes is None else float(minutes)}
 
 
 def export_inputs(s: PipelineSettings, cfg) -> dict:

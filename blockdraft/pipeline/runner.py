@@ -32,8 +32,9 @@ class Stage:
     """What it makes (printed in the summary)."""
     moves: Optional[Path] = None
     """What is moved aside before the stage runs with other inputs than made it; None: never moved."""
-    extent: Optional[int] = None
-    """How far it goes (training: max_steps): a record of as far or further is cached; of less, continued."""
+    extent: Optional[dict] = None
+    """How far it goes (training: max_steps and max_minutes, None = no limit; a bare number is a step count): a
+    record of as far or further is cached; of less, continued."""
     skip_reason: Optional[str] = None
     """Set when the stage is not part of this run (online capture, no gate)."""
     joined: bool = False
@@ -44,7 +45,24 @@ class Stage:
 
     def reached_by(self, record: dict) -> bool:
         """The record's run went as far as this stage asks (always, for a stage without an extent)."""
-        return self.extent is None or (record.get("extent") or 0) >= self.extent
+        if self.extent is None:
+            return True
+        had = extent_of(record.get("extent") or 0)
+        return all(at_least(had.get(limit), asked) for limit, asked in extent_of(self.extent).items())
+
+
+def extent_of(value) -> dict:
+    """An extent as {limit: value}; a bare number (a record from before max_minutes) is max_steps."""
+    return dict(value) if isinstance(value, dict) else {"max_steps": value}
+
+
+def at_least(had, asked) -> bool:
+    """A limit of `had` reaches `asked`; None is no limit, which reaches any."""
+    return had is None or (asked is not None and had >= asked)
+
+
+def describe_extent(value) -> str:
+    return ", ".join(f"{limit}={'null' if v is None else f'{v:g}'}" for limit, v in extent_of(value).items())
 
 
 class NodeZeroFailed(Exception):
@@ -103,13 +121,14 @@ def lead(stage: Stage, key: str, records: StageRecords, force: List[str], out: O
         reached = then.get("extent")
         if stage.reached_by(then):
             say(f"{stage.name}: cached (finished {then['at']}, {then['seconds']:.0f} s then); skipped")
-            if stage.extent is not None and reached > stage.extent:
-                say(f"{stage.name}: the run is already at step {reached}, past train.max_steps={stage.extent}: kept as "
-                    f"it is, and the later stages use its step {reached}; to train a new {stage.extent}-step run, "
+            had, asked = extent_of(reached).get("max_steps"), extent_of(stage.extent).get("max_steps") if stage.extent else None
+            if had is not None and asked is not None and had > asked:
+                say(f"{stage.name}: the run went to step {had}, past train.max_steps={asked}: kept as "
+                    f"it is, and the later stages use its last checkpoint; to train a new {asked}-step run, "
                     f"force=[{stage.name}] (the present one is kept aside)")
             return then
-        say(f"{stage.name}: the same run, {stage.extent} steps asked where it stopped at {reached}: continuing it "
-            "from its last checkpoint")
+        say(f"{stage.name}: the same run, {describe_extent(stage.extent)} asked where it was trained to "
+            f"{describe_extent(reached)}: continuing it from its last checkpoint")
     elif stage.moves is not None and stage.moves.exists() and (forced or not same):
         why = (f"force=[{stage.name}]" if forced else "no record says what made what is there" if not then
                else "its settings changed" if then.get("inputs_key") != stage_key(stage.inputs)

@@ -263,6 +263,9 @@ def _generate(
 def server_arguments(cfg: ServeConfig, device: str) -> tuple[list, dict]:
     """(vLLM arguments, environment) shared by both runs; extra_vllm_args come last and win."""
     args, env = server_settings(device, cfg.max_model_len, cfg.max_num_seqs, cfg.kv_cache_gib)
+    # Every measured phase prefills every prompt: a kept or frozen server would otherwise serve rounds 2+
+    # from its prefix cache and a fresh one would not, and methods could not be compared.
+    args.append("--no-enable-prefix-caching")
     return args + list(cfg.extra_vllm_args), env
 
 

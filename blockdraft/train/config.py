@@ -20,6 +20,9 @@ class LoopConfig:
 
     max_steps: int = 1000
     """Optimizer steps."""
+    max_minutes: Optional[float] = None
+    """Training budget in minutes (the loop's time, summed over resumes): once spent, the run stops at its next
+    checkpoint step, validates and saves as at max_steps, and records why; null = no limit (time_budget.py)."""
     micro_batch_size: int = 1
     """Rows per rank per forward."""
     grad_accum: int = 1
@@ -134,7 +137,7 @@ class TrainAppConfig:
                       "train.loss_chunk_size", "distributed.target_sharding", "wandb", "data.cache_dir",
                       "resume", "overwrite", "name")
     # How far the run goes: a larger value continues the run from its last checkpoint instead of starting anew.
-    EXTENT = "train.max_steps"
+    EXTENT = ("train.max_steps", "train.max_minutes")
     # What a resume takes from the new config (loop.py _continue_schedule; the clip is read every step): a run
     # that stopped part way (on non-finite steps, say) continues from its last checkpoint under a change of
     # these, where a finished run changed in them is a new run.

@@ -29,6 +29,7 @@ from blockdraft.train.run_lock import RunLock
 from blockdraft.train.optim import build_optimizer, build_scheduler, continue_schedule
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype, resolve_target_dtype
 from blockdraft.train.step import train_step
+from blockdraft.train.time_budget import TimeBudget
 from blockdraft.train.target_sharding import shard_target
 
 
@@ -110,6 +111,7 @@ class Trainer:
         if self.resume_from is None and dist.is_main:
             claim_run_dir(self.run_dir, cfg.overwrite, cfg.resume)
         self.stop_requested = False
+        self.budget = TimeBudget(cfg.train.max_minutes)  # its time spent so far comes back with a resume
         self.nonfinite_run: list = []  # (step, what, rows) of the skipped steps since the last good one
         self._build()
 
@@ -194,6 +196,7 @@ class Trainer:
             "data_position": self.batches.position,
             "torch_rng": torch.get_rng_state(),
             "world_size": self.dist.world_size,
+            "train_seconds": self.budget.spent_s,
         }
 
     def _save(self) -> None:
@@ -220,6 +223,7 @@ class Trainer:
         self.batches.restore(state["data_position"])
         torch.set_rng_state(state["torch_rng"])
         self.step = state["step"]
+        self.budget.spent_before_s = float(state.get("train_seconds", 0.0))
         changes = continue_schedule(self.optimizer, self.scheduler, wanted_lrs, OmegaConf.select(saved_cfg, "train.max_steps"),
                                     self.cfg.train.max_steps, self.step)
         if self.dist.is_main:
@@ -237,6 +241,12 @@ class Trainer:
                 print(f"[resume] the run is already at step {self.step}, past train.max_steps={cfg.train.max_steps}: "
                       f"nothing to train, {self.resume_from} stays as it is. Train it longer with a larger "
                       "train.max_steps; start a new run with another run_dir (or overwrite=true).", flush=True)
+            return self.run_dir
+        if self.resume_from is not None and self.budget.exhausted():
+            if self.dist.is_main:
+                print(f"[resume] the run has spent its train.max_minutes={cfg.train.max_minutes:g} "
+                      f"({self.budget.spent_s / 60:.2f} min): nothing to train, {self.resume_from} stays as it is. "
+                      "Train it longer with a larger train.max_minutes (or null).", flush=True)
             return self.run_dir
         if self.resume_from is not None and self.step == cfg.train.max_steps and self.dist.is_main:
             # A run stopped between its last step and the end of its final save: that validation and save run again.
@@ -267,6 +277,7 @@ class Trainer:
     def _loop(self, window, window_start) -> Path:
         cfg = self.cfg
         skipped_in_window = 0
+        self.budget.start()
         while self.step < cfg.train.max_steps:
             sums = self._optimizer_step()
             self.step += 1
@@ -291,10 +302,28 @@ class Trainer:
                     self._log(window, time.perf_counter() - window_start)
                 self._save()
                 raise Preempted(self.step, self.run_dir)
+            if self._budget_spent():
+                if window is not None:
+                    self._log(window, time.perf_counter() - window_start, skipped_in_window)
+                break
         if self.val_data is not None:
             self.validate()
         self._save()
         return self.run_dir
+
+    def _budget_spent(self) -> bool:
+        """train.max_minutes is spent and this is a checkpoint step: every rank agrees, and the stop is recorded."""
+        save_every = self.cfg.train.save_every
+        if self.cfg.train.max_minutes is None or (save_every and self.step % save_every) or self.step >= self.cfg.train.max_steps:
+            return False
+        flag = torch.tensor([1.0 if self.budget.exhausted() else 0.0], device=self.device)
+        if not all_reduce_sum(flag).item() > 0:
+            return False
+        if self.dist.is_main:
+            reason = self.budget.stop_reason(self.step, self.cfg.train.max_steps)
+            print(f"[train] stopping: {reason}; the final validation and checkpoint follow", flush=True)
+            self.logger.log({"step": self.step, "event": "stopped", "reason": reason})
+        return True
 
     def _autocast(self):
         if self.dtype == torch.bfloat16:

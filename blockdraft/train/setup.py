@@ -31,6 +31,8 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
         raise ConfigError(f"train.micro_batch_size={t.micro_batch_size}: use 1 or more rows.")
     if t.max_steps < 1:
         raise ConfigError(f"train.max_steps={t.max_steps}: train at least one step.")
+    if t.max_minutes is not None and not t.max_minutes > 0:
+        raise ConfigError(f"train.max_minutes={t.max_minutes}: give a positive number of minutes, or null for no limit.")
     if not t.feature_noise_std >= 0:
         raise ConfigError(f"train.feature_noise_std={t.feature_noise_std}: use 0 (off) or a positive standard deviation.")
     check_loss_weights(t)

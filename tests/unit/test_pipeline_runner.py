@@ -70,11 +70,31 @@ def test_a_larger_extent_continues_in_place_and_a_smaller_one_is_past_it(tmp_pat
     longer, export = Stand(tmp_path, "train", extent=40), Stand(tmp_path, "export")
     go(tmp_path, [longer, export])
     out = capsys.readouterr().out
-    assert longer.runs == 1 and "40 steps asked where it stopped at 30: continuing it" in out
+    assert longer.runs == 1 and "max_steps=40 asked where it was trained to max_steps=30: continuing it" in out
     assert superseded(tmp_path) == ["export"]  # the export of the 30-step run, kept; the run itself continued in place
     shorter, export = Stand(tmp_path, "train", extent=20), Stand(tmp_path, "export")
     assert go(tmp_path, [shorter, export]) == {}
-    assert "already at step 40, past train.max_steps=20" in capsys.readouterr().out
+    assert "went to step 40, past train.max_steps=20" in capsys.readouterr().out
+
+
+def test_a_time_budget_is_an_extent_too_and_no_limit_reaches_any(tmp_path, capsys):
+    timed = lambda minutes, steps=100: Stand(tmp_path, "train", extent={"max_steps": steps, "max_minutes": minutes})
+    go(tmp_path, [timed(10)])
+    more = timed(20)
+    go(tmp_path, [more])  # a run stopped by its 10 minutes may not have reached 100 steps: continued
+    assert more.runs == 1 and "max_minutes=20 asked where it was trained to max_steps=100, max_minutes=10" in capsys.readouterr().out
+    for same_or_less in (timed(20), timed(5)):
+        go(tmp_path, [same_or_less])
+        assert same_or_less.runs == 0
+    unlimited = timed(None)
+    go(tmp_path, [unlimited])  # no time limit asks for every step
+    assert unlimited.runs == 1
+    for any_budget in (timed(None), timed(30)):  # and a run without one reaches any budget
+        go(tmp_path, [any_budget])
+        assert any_budget.runs == 0
+    old_record = Stand(tmp_path, "train", extent=100)  # a record from before max_minutes: a bare step count
+    assert old_record.stage.reached_by({"extent": {"max_steps": 100, "max_minutes": None}})
+    assert timed(None).stage.reached_by({"extent": 100}) and not timed(None, 200).stage.reached_by({"extent": 100})
 
 
 def test_a_stopped_run_continues_under_a_resumable_change_and_a_finished_one_is_a_new_run(tmp_path, capsys):

@@ -39,6 +39,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.pipeline import commands
 from blockdraft.pipeline.process import StageFailed, say
 from blockdraft.pipeline.records import StageRecords
+from blockdraft.pipeline.round_cost import early_round_cost
 from blockdraft.pipeline.runner import NodeZeroFailed, Stage, run_stages, summarize
 from blockdraft.pipeline.settings import PipelineSettings, check_settings, parse_overrides
 from blockdraft.pipeline.stages import decide_store, pipeline_stages
@@ -70,6 +71,8 @@ def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> i
     cfgs = prepare(s)
     use_store, why = decide_store(s, cfgs, records, **waits)
     stages = pipeline_stages(s, cfgs, use_store, why)
+    if not follower and s.round_cost:
+        early_round_cost(s, cfgs, records)
     if follower:
         run_stages([st for st in stages if st.name in ("regen", "capture", "train")], records, s.force, s.root, **waits)
         say(f"node {s.node_rank}: training done; node 0 exports and serves")

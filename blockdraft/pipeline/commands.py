@@ -143,7 +143,7 @@ def check_server_method(serve) -> None:
         raise ConfigError(f"serve.{err}") from None
 
 
-ROUTING = ("The pipeline's own keys are target, out, prompts, experiment, gate, store, force, node_wait_minutes; regen.*, capture.*, "
+ROUTING = ("The pipeline's own keys are target, out, prompts, experiment, gate, round_cost, store, force, node_wait_minutes; regen.*, capture.*, "
            "export.*, gate.* and serve.* go to those stages' apps; train.nproc/nnodes/node_rank/rdzv_endpoint to "
            "torchrun; everything else (train.*, draft.*, optim.*, data.*, ...) to the training recipe")
 

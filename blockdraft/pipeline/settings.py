@@ -41,6 +41,10 @@ class PipelineSettings:
     """A training recipe of configs/experiment/ (its target's draft settings included)."""
     gate: bool = False
     """Run the one-sample gate before serving (minutes; it proves the serving path computes what training did)."""
+    round_cost: bool = True
+    """Before the long stages, measure this machine's draft-and-verify round cost with an untrained draft of the
+    recipe's shape (two vLLM start-ups, about a minute; recorded per machine in stages.json) and print the
+    acceptance length the draft needs to pay."""
     store: str = "auto"
     """auto (a feature store on a CPU, or when training passes over the rows more than once) | true | false."""
     force: List[str] = field(default_factory=list)
@@ -78,7 +82,7 @@ class PipelineSettings:
         return int(self.torchrun.get("node_rank", 0))
 
 
-OWN_KEYS = ("target", "out", "prompts", "experiment", "gate", "store", "force", "node_wait_minutes")
+OWN_KEYS = ("target", "out", "prompts", "experiment", "gate", "round_cost", "store", "force", "node_wait_minutes")
 
 
 def parse_overrides(words: List[str], base: Optional[PipelineSettings] = None) -> PipelineSettings:
@@ -113,11 +117,15 @@ def _replace(overrides: List[str], word: str) -> None:
     overrides.append(word)
 
 
+BOOLEAN_KEYS = {"gate": "run the one-sample gate before serving",
+                "round_cost": "measure this machine's round cost before the long stages"}
+
+
 def _set_own(s: PipelineSettings, key: str, value: str) -> None:
-    if key == "gate":
+    if key in BOOLEAN_KEYS:
         if value.lower() not in ("true", "false"):
-            raise ConfigError(f"gate={value!r}: use true (run the one-sample gate before serving) or false.")
-        s.gate = value.lower() == "true"
+            raise ConfigError(f"{key}={value!r}: use true ({BOOLEAN_KEYS[key]}) or false.")
+        setattr(s, key, value.lower() == "true")
     elif key == "store":
         if value.lower() not in STORE_CHOICES:
             raise ConfigError(f"store={value!r}: use one of {list(STORE_CHOICES)}.")

@@ -59,10 +59,19 @@ def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
                             ("serve", "report.json")):
         assert any(line.split()[0] == stage and line.rstrip().endswith(artifact) for line in summary.splitlines()[1:7]), summary
     assert "gate     not run (gate=false)" in summary
+    # Before the long stages: this machine's round cost with an untrained draft of the recipe's shape, and the
+    # acceptance length a draft needs to pay; the final report says whether it did.
+    early = first.stdout.index("round cost: a draft-and-verify round costs")
+    assert early < first.stdout.index("=== regen ===")
+    assert "the trained draft pays only with a mean acceptance length above" in first.stdout[early:early + 400]
+    probe = json.loads((out / "round_cost" / "serve" / "report.json").read_text())
+    assert probe["round_cost"] > 0 and probe["servers"] == "frozen" and probe["engine"] == "vllm"
+    assert report["pays"]["acceptance_needed"] == report["round_cost"] and "  pays?  " in first.stdout
 
 
 def test_a_second_run_prints_cached_for_every_stage(runs):
     _, first, second = runs
     assert second.returncode == 0, second.stderr[-3000:]
     assert ran(second) == [] and second.stdout.count(": cached (") == 5, second.stdout[-3000:]
+    assert "; recorded in stages.json)" in second.stdout  # the round cost too: measured once per machine
     assert "mean acceptance length" in second.stdout

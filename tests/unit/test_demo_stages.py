@@ -4,12 +4,34 @@ own first stage (the target) comes before the pipeline's."""
 from blockdraft import demo
 
 
+AMX = {"amx": True, "avx512_bf16": True, "cpu_model": "Intel Xeon"}
+EPYC_AVX512 = {"amx": False, "avx512_bf16": True, "cpu_model": "AMD EPYC"}
+EPYC_PLAIN = {"amx": False, "avx512_bf16": False, "cpu_model": "AMD EPYC"}
+
+
 def test_an_override_replaces_the_preset_and_the_rest_of_the_preset_stays():
-    s = demo.settings(["regen.num_train=24", "train.max_steps=16", "out=/tmp/d"])
+    s = demo.settings(["regen.num_train=24", "train.max_steps=16", "out=/tmp/d"], AMX)
     assert s.out == "/tmp/d" and s.experiment == "smollm2_dflash_cpu" and s.store == "true"
-    assert "num_train=24" in s.regen and "num_train=1500" not in s.regen and "workers=96" in s.regen
-    assert "data.val=null" in s.recipe and s.recipe[-1] == "train.max_steps=16"
+    assert "num_train=24" in s.regen and "num_train=1000" not in s.regen and "workers=96" in s.regen
+    assert "data.val=null" in s.recipe and "train.max_steps=16" in s.recipe and "train.max_steps=4000" not in s.recipe
+    assert "train.max_minutes=7" in s.recipe  # the rest of the CPU's size stays
     assert s.target.endswith(demo.TARGET_DIR)
+
+
+def test_the_preset_is_sized_for_the_cpu_and_says_so(capsys):
+    sizes = {}
+    for facts in (AMX, EPYC_AVX512, EPYC_PLAIN):
+        s = demo.settings([], facts)
+        sizes[demo.cpu_class(facts)] = ([w for w in s.regen if w.startswith("num_train=")],
+                                        [w for w in s.recipe if w.startswith("train.max_")])
+        demo.say_size(facts)
+    assert sizes["amx"] == (["num_train=1000"], ["train.max_minutes=7", "train.max_steps=4000"])
+    assert sizes["other"] == (["num_train=100"], ["train.max_minutes=1.5", "train.max_steps=430"])
+    shown = capsys.readouterr().out
+    assert "a CPU without AVX512-BF16 or AMX (AMD EPYC): 100 training conversations and at most 1.5 minutes" in shown
+    # The held-out prompts and the serve stage are the same on every CPU.
+    assert all("regen.num_heldout=48" in demo.preset(f) and "serve.num_prompts=16" in demo.preset(f)
+               for f in (AMX, EPYC_PLAIN))
 
 
 def test_the_demo_target_stage_comes_first_and_is_recorded_by_directory(tmp_path):

@@ -50,9 +50,11 @@ def early_round_cost(s: PipelineSettings, cfgs: dict, records: StageRecords) -> 
         cost = recorded.get("round_cost")
         say(f"round cost: {_line(cost)} (measured {recorded['at']}; recorded in stages.json)")
         return cost
+    began = time.perf_counter()
     cost = _measure(s, cfgs)
     if records.writer:
-        records.choose(CHOICE, {"key": key, "round_cost": cost, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+        records.choose(CHOICE, {"key": key, "round_cost": cost, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                "seconds": time.perf_counter() - began})
     say(f"round cost: {_line(cost)}")
     return cost
 

@@ -1,8 +1,10 @@
 """`python -m blockdraft.pipeline` (`blockdraft pipeline`): from a target to a draft proven in vLLM.
 
     blockdraft pipeline target=<HF dir> out=<dir> [prompts=sharegpt|tiny|<rows>] [experiment=<recipe>]
-        [gate=true] [store=auto|true|false] [force=[train,serve]] [<stage>.<key>=value ...]
+        [gate=true] [round_cost=true|false] [store=auto|true|false] [force=[train,serve]] [<stage>.<key>=value ...]
 
+(probe)  this machine's round cost with an untrained draft of the recipe's shape, and so the mean
+         acceptance length the draft needs to pay here (round_cost=false skips it; recorded per machine)
 regen    the target answers the prompts (vLLM where it can): <out>/regen/{train,heldout}.jsonl
 capture  the target's features of those rows, once (when training uses a feature store)
 train    the recipe on the regenerated rows (torchrun when train.nproc or train.nnodes > 1)
@@ -16,8 +18,8 @@ other key (train.*, draft.*, optim.*, data.*, draft=<kind>, optim=muon, ...) is 
 override given unchanged to the capture and to training. A key no stage knows is refused before
 any work. Each stage's record is in <out>/stages.json: a rerun prints `cached` for a stage whose
 output-changing inputs did not change (speed, logging and progress keys are in no key) and reruns
-only what a changed setting affects; an interrupted stage resumes; a larger train.max_steps
-continues the run. Nothing finished is deleted: what a stage made with other inputs (or under
+only what a changed setting affects; an interrupted stage resumes; a larger train.max_steps or
+train.max_minutes continues the run. Nothing finished is deleted: what a stage made with other inputs (or under
 force=) is moved to <out>/superseded/<stage>-<time>/ first. On several nodes, run the same
 command on each with its train.node_rank: node 0 runs every stage and writes the records, the
 others wait for its rows on the shared file system (node_wait_minutes, 1440 by default) and join

@@ -48,14 +48,17 @@ PRESET = [
 
 
 # What fits 30 minutes of stages on each CPU of this machine kind seen so far: the serve stage (the same
-# on every CPU) and the round-cost probe come first, the rows and training minutes take what is left.
+# on every CPU) and the round-cost probe come first, the rows and training minutes take what is left
+# (on a CPU without AVX-512 nothing is left: see "other").
 # The arithmetic, from each CPU's measured per-stage throughputs: docs/benchmarks.md, demo_budget.
 # Training stops at max_minutes; max_steps is what those minutes buy at the CPU's step time, so that
 # the learning-rate schedule runs its course.
 SIZES = {
-    "amx": {"rows": 1000, "minutes": 7.0, "steps": 4000},  # Xeon with AMX: 0.1025 s a step
-    "avx512_bf16": {"rows": 1000, "minutes": 6.0, "steps": 3600},  # EPYC with AVX-512: 0.10 s a step
-    "other": {"rows": 100, "minutes": 1.5, "steps": 430},  # EPYC without AVX-512: 0.21 s a step
+    "amx": {"rows": 900, "minutes": 6.0, "steps": 3500},  # Xeon with AMX: 0.1025 s a step
+    "avx512_bf16": {"rows": 1000, "minutes": 5.5, "steps": 3300},  # EPYC with AVX-512: 0.10 s a step
+    # EPYC without AVX-512 (0.21 s a step): its serve stage alone, at 7.5 tokens/s, takes about 26 minutes,
+    # so nothing fits 30; the least that still trains a draft.
+    "other": {"rows": 100, "minutes": 1.0, "steps": 285},
 }
 CPU_NAMES = {"amx": "a CPU with AMX", "avx512_bf16": "a CPU with AVX512-BF16 and no AMX",
              "other": "a CPU without AVX512-BF16 or AMX"}
@@ -109,7 +112,7 @@ def say_size(facts: dict) -> None:
     kind = cpu_class(facts)
     size = SIZES[kind]
     print(f"[demo] {CPU_NAMES[kind]} ({facts.get('cpu_model')}): {size['rows']} training conversations and at most "
-          f"{size['minutes']:g} minutes ({size['steps']} steps) of training fit the 30-minute budget here "
+          f"{size['minutes']:g} min ({size['steps']} steps) of training fit the 30-minute budget here "
           "(docs/benchmarks.md, demo_budget); regen.num_train= and train.max_minutes= change them", flush=True)
 
 

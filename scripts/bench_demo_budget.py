@@ -24,7 +24,7 @@ from blockdraft.demo import SIZES, cpu_class  # noqa: E402
 from blockdraft.machine import machine_facts  # noqa: E402
 
 SERVED_TOKENS = 16 * 128  # the serve stage, the same on every CPU: 16 held-out prompts x 128 tokens
-ROUNDS, WARMUP_TOKENS = 2, 2 * 128  # two rounds; two warm-up prompts per server
+ROUNDS, WARMUP_TOKENS = 2, 2 * 128  # two rounds, each on a fresh pair of servers; two warm-up prompts per server
 PROBE_TOKENS, PROBE_WARMUP = 2 * 64, 64  # the round-cost probe: two prompts of 64 tokens, one warm-up
 HELDOUT = 48
 
@@ -74,9 +74,9 @@ def predicted(m: dict, size: dict) -> list:
         ("train", minutes_s + train_overhead,
          f"min({size['minutes']:g} min, {size['steps']} steps x {m['step_s']:.4f} s) + {train_overhead:.0f} s set-up"),
         ("export", m["export"], "measured"),
-        ("serve", 2 * m["startup"] + (ROUNDS * SERVED_TOKENS + WARMUP_TOKENS) * per_token,
-         f"2 x {m['startup']:.0f} s start-up + ({ROUNDS} x {SERVED_TOKENS} + {WARMUP_TOKENS} warm-up) tokens a side x "
-         f"{per_token:.3f} s (1/{m['base_tps']:.2f} + 1/{m['draft_tps']:.2f} tokens/s)"),
+        ("serve", 2 * ROUNDS * m["startup"] + ROUNDS * (SERVED_TOKENS + WARMUP_TOKENS) * per_token,
+         f"{2 * ROUNDS} x {m['startup']:.0f} s start-up + {ROUNDS} x ({SERVED_TOKENS} + {WARMUP_TOKENS} warm-up) tokens a "
+         f"side x {per_token:.3f} s (1/{m['base_tps']:.2f} + 1/{m['draft_tps']:.2f} tokens/s)"),
     ]
 
 

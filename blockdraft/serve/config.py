@@ -46,10 +46,9 @@ class ServeConfig:
     """Baseline/draft pairs, the order alternating; the speedup is their median."""
     servers: str = "auto"
     """Where the rounds run: fresh (a new baseline and draft server every round) | frozen (one of each for every
-    round, both in memory, the idle one stopped with SIGSTOP while the other is measured: 2 start-ups) | kept
-    (the same, the idle one left running: it slowed the baseline by ~6% on a 2-core CPU, docs/benchmarks.md
-    serve_methods; for comparison only) | auto (frozen with vLLM on a CPU, fresh on a GPU, where two servers
-    would each claim their gpu_memory_utilization share)."""
+    round, both in memory, the idle one stopped with SIGSTOP while the other is measured: 2 start-ups; it read
+    the speedup 3.7% above fresh servers on a 2-core CPU, docs/benchmarks.md serve_methods) | kept (the same,
+    the idle one left running) | auto (fresh: the servers that every other method is checked against)."""
     warmup_prompts: int = 2
     """Prompts generated in full, untimed, on each server before its first measured phase."""
     out: str = "runs/serve"
@@ -129,7 +128,7 @@ class ServeConfig:
             raise ConfigError(f"device={self.device!r} is not one of {list(DEVICES)}; pick one.")
         if self.servers not in SERVER_METHODS:
             raise ConfigError(f"servers={self.servers!r} is not one of {list(SERVER_METHODS)}; pick one "
-                              "(auto: frozen servers on a CPU, a fresh pair per round on a GPU).")
+                              "(auto: a fresh pair per round).")
         if not isinstance(self.warmup_prompts, int) or self.warmup_prompts < 0:
             raise ConfigError(f"warmup_prompts={self.warmup_prompts!r}: set 0 or more prompts.")
         if self.engine not in ENGINES:
@@ -160,7 +159,7 @@ class ServeConfig:
         """The `servers` method on `device`; kept and frozen pairs are refused on a GPU, whose two servers
         would each claim their gpu_memory_utilization share at once."""
         if device == "cpu":
-            return "frozen" if self.servers == "auto" else self.servers
+            return "fresh" if self.servers == "auto" else self.servers
         if self.servers in ("kept", "frozen"):
             raise ConfigError(f"servers={self.servers} keeps a baseline and a draft vLLM server up at once, which on "
                               f"{device} would each claim their gpu_memory_utilization share; set servers=fresh "

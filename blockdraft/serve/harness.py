@@ -4,8 +4,9 @@ Every server gets the same target, arguments and token-id prompts; only the draf
 add `--speculative-config`. `rounds=` repeats the pair, the order alternating (baseline
 first in odd rounds, draft first in even ones), so that a machine slowing down or speeding
 up mid-run shows in the spread instead of deciding the ratio. `servers=` says where the
-rounds run: a fresh pair per round, or one server of each for every round with the idle one
-frozen (SIGSTOP) or left running (kept, which measured the baseline ~6% slow on a 2-core CPU).
+rounds run: a fresh pair per round (the default), or one server of each for every round with
+the idle one frozen (SIGSTOP) or left running (kept); docs/benchmarks.md (serve_methods) sets
+the three side by side.
 Each server generates `warmup_prompts` untimed before its first measured phase, and the idle
 server's CPU seconds during each measured phase go into the report. A DFlash2 draft that the
 serving vLLM cannot run goes to the reference engine instead, and the report says so.

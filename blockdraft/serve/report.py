@@ -99,7 +99,7 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
         report["warnings"].append(
             f"round cost {report['round_cost']:.2f} < 1.0: a draft-and-verify round (a target step over several tokens "
             "plus the draft) cannot cost less than one plain decode step, so some phase was measured slow; distrust "
-            "this speedup and measure again with servers=fresh or frozen")
+            "this speedup and measure again with servers=fresh")
     if record.complete:
         report.update(_verdict(record, min_acceptance_length, allow_near_ties))
         report["pays"] = payoff(report["mean_acceptance_length"], report["round_cost"], report["speedup"])

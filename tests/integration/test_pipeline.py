@@ -65,7 +65,7 @@ def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
     assert early < first.stdout.index("=== regen ===")
     assert "the trained draft pays only with a mean acceptance length above" in first.stdout[early:early + 400]
     probe = json.loads((out / "round_cost" / "serve" / "report.json").read_text())
-    assert probe["round_cost"] > 0 and probe["servers"] == "frozen" and probe["engine"] == "vllm"
+    assert probe["round_cost"] > 0 and probe["servers"] == "fresh" and probe["engine"] == "vllm"
     assert report["pays"]["acceptance_needed"] == report["round_cost"] and "  pays?  " in first.stdout
 
 

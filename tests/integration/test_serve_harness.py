@@ -81,11 +81,9 @@ def test_a_pair_kept_for_every_round_starts_twice_and_records_the_idle_servers_c
     assert sorted(report["idle_server_cpu_s"]) == ["baseline", "baseline_round2", "draft", "draft_round2"]
 
 
-def test_cpu_default_is_a_frozen_pair_and_a_fresh_pair_warms_every_server(setup):
-    report = harness.run(setup)
-    assert report["servers"] == "frozen" and report["warmup_prompts"] == 2
-    setup.servers, setup.out = "fresh", setup.out + "-fresh"
+def test_the_default_is_a_fresh_pair_per_round_and_every_server_warms_up(setup):
     fresh = harness.run(setup)
+    assert fresh["servers"] == "fresh" and fresh["warmup_prompts"] == 2
     assert len([k for k in fresh["timings_s"] if k.startswith("warmup_")]) == 4 and fresh["idle_server_cpu_s"] == {}
 
 

@@ -47,10 +47,10 @@ def test_scaled_down_demo_runs_end_to_end_and_a_rerun_skips_every_stage(tmp_path
     assert (work / "export" / "config.json").is_file()
     assert len((work / "regen" / "heldout.jsonl").read_text().splitlines()) == 4
     assert (work / "store" / "index.json").is_file()  # trained from the capture's feature store
-    # The CPU's size is said first, the round cost before the long stages; the pair of servers is frozen.
+    # The CPU's size is said first, the round cost before the long stages; each round on a fresh pair.
     assert first.stdout.index("[demo] a CPU") < first.stdout.index("round cost: a draft-and-verify round costs")
     assert first.stdout.index("round cost: a draft-and-verify round costs") < first.stdout.index("=== regen ===")
-    assert report["servers"] == "frozen" and report["pays"]["line"] in first.stdout
+    assert report["servers"] == "fresh" and report["pays"]["line"] in first.stdout
     summary = first.stdout[first.stdout.index("=== stages ==="):]
     for stage in STAGES:
         assert f"\n  {stage} " in summary, summary

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,14 +17,21 @@ def say(message: str) -> None:
     print(f"[pipeline] {message}", flush=True)
 
 
-def run_command(argv: List[str]) -> int:
-    say("$ " + " ".join(argv))
+def run_command(argv: List[str], log: Optional[Path] = None) -> int:
+    """Runs a stage's command in its own process group; `log`: where its output goes instead of the terminal."""
+    say("$ " + " ".join(argv) + (f" > {log}" if log else ""))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     # Idle OpenMP threads sleep instead of spinning: with two cores and anything else running,
     # spinning threads made each target forward 3-8x slower (measured: 0.6 s vs 2-5 s per row).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Its own process group: a stop is sent to all of it, never to the pipeline itself a second time.
-    stage = subprocess.Popen(argv, cwd=REPO, env=env, preexec_fn=os.setpgrp)
+    out = open(log, "w") if log else None
+    try:
+        stage = subprocess.Popen(argv, cwd=REPO, env=env, preexec_fn=os.setpgrp, stdout=out,
+                                 stderr=subprocess.STDOUT if out else None)
+    finally:
+        if out:
+            out.close()  # the child holds its own copy
     try:
         return stage.wait()
     except KeyboardInterrupt:

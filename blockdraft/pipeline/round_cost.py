@@ -81,14 +81,18 @@ def _measure(s: PipelineSettings, cfgs: dict) -> Optional[float]:
     from blockdraft.pipeline import commands
 
     root = s.root / "round_cost"
-    say(f"round cost: serving an untrained draft of the recipe's shape on {root} (two vLLM start-ups, about a minute)")
+    say(f"round cost: serving an untrained draft of the recipe's shape on {root} (two vLLM start-ups: about 2 minutes on a 2-core CPU)")
     export = write_untrained_export(cfgs["train"], s.target, root)
     passed = [w for w in s.serve if w.split("=")[0] in PASSED_ON]
     argv = [commands.python(), "-m", "blockdraft.serve", f"draft_dir={export}", f"target_dir={s.target}",
             f"out={root / 'serve'}", *PROBE_SETTINGS, *passed]
-    run_command(argv)  # an untrained draft "fails" acceptance: only the report's round cost is read
+    # Its report's verdict and pay line are about an untrained draft: only the round cost is read, and the
+    # terminal shows the one line below instead of that table.
+    log = root / "probe.log"
+    run_command(argv, log=log)
     report = root / "serve" / "report.json"
     if not report.is_file():
+        say(f"round cost: the probe wrote no report; its output is in {log}")
         return None
     return json.loads(report.read_text()).get("round_cost")
 

@@ -43,7 +43,7 @@ class PipelineSettings:
     """Run the one-sample gate before serving (minutes; it proves the serving path computes what training did)."""
     round_cost: bool = True
     """Before the long stages, measure this machine's draft-and-verify round cost with an untrained draft of the
-    recipe's shape (two vLLM start-ups, about a minute; recorded per machine in stages.json) and print the
+    recipe's shape (two vLLM start-ups, about 2 minutes on a 2-core CPU; recorded per machine in stages.json) and print the
     acceptance length the draft needs to pay."""
     store: str = "auto"
     """auto (a feature store on a CPU, or when training passes over the rows more than once) | true | false."""

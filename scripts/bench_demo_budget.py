@@ -21,7 +21,7 @@ from bench_serve import REPO, command_line, provenance, write_section
 
 sys.path.insert(0, str(REPO))
 from blockdraft.demo import SIZES, cpu_class  # noqa: E402
-from blockdraft.machine import machine_facts  # noqa: E402
+from blockdraft.machine import describe, machine_facts  # noqa: E402
 
 SERVED_TOKENS = 16 * 128  # the serve stage, the same on every CPU: 16 held-out prompts x 128 tokens
 ROUNDS, WARMUP_TOKENS = 2, 2 * 128  # two rounds, each on a fresh pair of servers; two warm-up prompts per server
@@ -50,7 +50,7 @@ def measured_here(demo: Path) -> dict:
     seconds = {name: stages[name]["seconds"] for name in ("target", "regen", "capture", "train", "export", "serve")}
     probe = (stages.get("pipeline", {}).get("round_cost") or {}).get("seconds")
     rows = sum(1 for _ in (demo / "regen" / "train.jsonl").open())
-    return dict(name=machine_facts()["cpu_model"], source="this run", **seconds, rows=rows, steps=steps[-1]["step"],
+    return dict(name=describe(), source="this run", **seconds, rows=rows, steps=steps[-1]["step"],
                 step_s=statistics.median(r["step_time_s"] for r in steps), startup=statistics.mean(startups),
                 base_tps=report["tokens_per_s_baseline"], draft_tps=report["tokens_per_s_draft"], probe=probe,
                 measured_total=sum(seconds.values()) + (probe or 0))

@@ -86,9 +86,10 @@ def test_a_changed_setting_changes_its_stage_and_the_later_ones_only(target, tmp
     assert changed("optim.lr=1e-3") == ["train", "export", "serve"]
     assert changed("serve.num_prompts=3") == ["serve"]
     assert changed("export.dtype=bfloat16") == ["export", "serve"]
-    # More steps are the same run gone further: no key changes, the training stage's extent does.
-    assert changed("train.max_steps=7") == []
-    assert {st.name: st.extent for st in stages_of(tmp_path, "train.max_steps=7")}["train"] == 7
+    # More steps or minutes are the same run gone further: no key changes, the training stage's extent does.
+    assert changed("train.max_steps=7") == [] and changed("train.max_minutes=3") == []
+    extent = {st.name: st.extent for st in stages_of(tmp_path, "train.max_steps=7", "train.max_minutes=3")}["train"]
+    assert extent == {"max_steps": 7, "max_minutes": 3.0}
 
 
 def test_the_torchrun_launch_and_the_store_choice(target, tmp_path):

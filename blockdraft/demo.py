@@ -35,7 +35,7 @@ PRESET = [
     f"target={TARGET_DIR}", "prompts=sharegpt", "experiment=smollm2_dflash_cpu", "out=.cache/demo", "store=true",
     "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
     # 96 requests in flight: 1.36x the generated tokens/s of 32 on two cores (docs/benchmarks.md,
-    # stage_levers_workers_288); the minutes saved pay for the extra 500 rows.
+    # stage_levers_workers_288); the minutes saved go to rows and training.
     "regen.workers=96",
     # The target's forward in bfloat16 where the CPU has AVX512-BF16 or AMX (float32 elsewhere), 8 rows
     # at a time: 1.76x the capture's tokens/s of one float32 row (docs/benchmarks.md, stage_levers_capture).
@@ -55,7 +55,7 @@ PRESET = [
 # the learning-rate schedule runs its course.
 SIZES = {
     "amx": {"rows": 900, "minutes": 6.0, "steps": 3500},  # Xeon with AMX: 0.1025 s a step
-    "avx512_bf16": {"rows": 1000, "minutes": 5.5, "steps": 3300},  # EPYC with AVX-512: 0.10 s a step
+    "avx512_bf16": {"rows": 1000, "minutes": 5.5, "steps": 3300},  # EPYC with AVX-512: 0.11 s a step (2900 in 5.5 min)
     # EPYC without AVX-512 (0.21 s a step): its serve stage alone, at 7.5 tokens/s, takes about 26 minutes,
     # so nothing fits 30; the least that still trains a draft.
     "other": {"rows": 100, "minutes": 1.0, "steps": 285},

@@ -13,7 +13,8 @@ register_schema("train_schema", TrainAppConfig)
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)
 def main(cfg) -> None:
-    from blockdraft.train.loop import NonFiniteSteps, Preempted, run_training
+    from blockdraft.train.loop import run_training
+    from blockdraft.train.stops import NonFiniteSteps, Preempted
 
     try:
         run_dir = run_training(cfg)

@@ -29,6 +29,7 @@ from blockdraft.train.run_lock import RunLock
 from blockdraft.train.optim import build_optimizer, build_scheduler, continue_schedule
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype, resolve_target_dtype
 from blockdraft.train.step import train_step
+from blockdraft.train.stops import NonFiniteSteps, Preempted
 from blockdraft.train.time_budget import TimeBudget
 from blockdraft.train.target_sharding import shard_target
 
@@ -49,28 +50,6 @@ def run_training(cfg) -> Path:
 def merge_sums(window: dict, sums: dict) -> dict:
     """A log window's sums plus one step's: a step can lack a key (no valid anchor: no gradient norm)."""
     return {k: window.get(k, 0) + sums.get(k, 0) for k in {**window, **sums}}
-
-
-class NonFiniteSteps(RuntimeError):
-    """train.max_nonfinite_steps steps in a row had a non-finite loss or gradient norm; nothing of them
-    was applied, and the last checkpoint is the newest one."""
-
-    def __init__(self, step: int, skipped: list):
-        where = "; ".join(f"step {s}: {what}, rows {rows}" for s, what, rows in skipped)
-        super().__init__(
-            f"stopped at step {step}: the last {len(skipped)} steps were not finite and were skipped ({where}). "
-            "Rows are 0-based positions among data.train's usable rows. Nothing of these steps was applied; the "
-            "latest checkpoint is the last good one. Check those rows, lower optim.lr, or set optim.grad_clip; "
-            "rerun with resume=auto to continue from the checkpoint.")
-        self.step = step
-
-
-class Preempted(Exception):
-    """SIGTERM arrived: a checkpoint of `step` was saved; rerun with resume=auto to go on."""
-
-    def __init__(self, step: int, run_dir: Path):
-        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint saved in {run_dir}/checkpoints; rerun with resume=auto")
-        self.step = step
 
 
 def claim_run_dir(run_dir: Path, overwrite: bool, resume: str = "never") -> None:

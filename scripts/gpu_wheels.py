@@ -17,7 +17,10 @@ import importlib.metadata as metadata
 import re
 import subprocess
 import sys
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement

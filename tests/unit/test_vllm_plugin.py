@@ -2,7 +2,10 @@
 missing, nothing overwritten, idempotent; the in-memory rename; the plugin's package metadata."""
 
 import sys
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace

@@ -4,8 +4,10 @@ training rows, for one recipe, from a feature store; a table and a plot in docs/
     .venv/bin/python scripts/bench_scaling.py --store DIR [--minutes 3 6 12] [--rows 500 1000]
         [--step-time S] [--recipe OVERRIDE ...] [--serve-report LABEL=report.json ...]
 
-The store holds the demo's training rows and the held-out rows as its val split (as for
-bench_levers.py); `--rows N` trains on its first N rows (data.max_rows). A budget of M minutes
+The store holds the demo's training rows and the held-out rows as its val split, e.g. the demo's
+own store with the held-out split added: `python -m blockdraft.data.capture
+experiment=smollm2_dflash_cpu data.val=.cache/demo/regen/heldout.jsonl out=DIR ...` with the demo's
+capture settings; `--rows N` trains on its first N rows (data.max_rows). A budget of M minutes
 is M*60 / step-time steps, the step time measured by a probe once per recipe, or given with
 --step-time (e.g. the lever table's, measured on an idle machine). Steps, not seconds, fix a
 point, so the points may run while the machine does other work; the minutes they stand for are
@@ -18,10 +20,39 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
 from pathlib import Path
+from typing import List
 
-from bench_serve import FIGURES, command_line, provenance, write_section
-from budget_runs import EXPERIMENT, PROBE_STEPS, step_seconds, train
+from bench_serve import FIGURES, REPO, command_line, provenance, write_section
+
+EXPERIMENT = "smollm2_dflash_cpu"
+PROBE_STEPS = 40
+ENV = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def train(run_dir: Path, store: str, train_rows: str, val_rows: str, steps: int, seed: int, overrides: List[str],
+          validate: bool = True) -> List[dict]:
+    """One training run from the store; returns its metrics records."""
+    argv = [sys.executable, "-m", "blockdraft.train", f"experiment={EXPERIMENT}", f"run_dir={run_dir}", "overwrite=true",
+            f"seed={seed}", f"data.features={store}", f"data.train={train_rows}",
+            f"data.val={val_rows if validate else 'null'}",
+            f"train.max_steps={steps}", "train.val_every=0", "train.save_every=0", "train.progress=false",
+            "train.log_every=10", *overrides]
+    print("$", " ".join(argv), flush=True)
+    done = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{run_dir.name} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_seconds(records: List[dict]) -> float:
+    """The median logged step time, the first window (warm-up, lazy initialisation) left out."""
+    times = [r["step_time_s"] for r in records if "step_time_s" in r][1:]
+    return statistics.median(times)
 
 
 def plot(results: dict, path: Path) -> None:

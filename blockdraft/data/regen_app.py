@@ -50,7 +50,7 @@ class RegenConfig:
     train_skip: int = 0
     """Prompts of the set skipped before the training ones."""
     heldout_skip: Optional[int] = None
-    """Prompts skipped before the held-out ones; null = 10000 for sharegpt (the serve harness's held-out range), else right after the training prompts."""
+    """Prompts skipped before the held-out ones; null = 10000 for sharegpt (the serve harness's held-out range), else right after the training prompts (reserved first when the file is short)."""
     max_turns: int = 1
     """User turns answered per conversation: 1 drops everything after the first user turn; more rolls the conversation out, each reply the target's own."""
     max_tokens: int = 192
@@ -130,6 +130,7 @@ class PromptSplit:
     first_source_position: int  # 0-based position in the prompt set of the first one taken
     end_source_position: int  # one past the last one read
     skipped_long: List[int] = field(default_factory=list)  # source positions over max_prompt_tokens
+    opening_lengths: List[int] = field(default_factory=list)  # templated tokens of each taken conversation's opening
 
 
 def source_conversations(spec: str, limit: int) -> List[List[dict]]:
@@ -157,28 +158,35 @@ def source_conversations(spec: str, limit: int) -> List[List[dict]]:
     return out
 
 
-def take_prompts(conversations: List[List[dict]], n: int, skip: int, fits) -> PromptSplit:
-    """`n` conversations from position `skip` on whose opening fits; those that do not are counted."""
+def take_prompts(conversations: List[List[dict]], n: int, skip: int, length_of, max_tokens: int) -> PromptSplit:
+    """`n` conversations from position `skip` on whose opening fits in `max_tokens`; those that do not are counted."""
     split = PromptSplit([], skip, skip)
     for position in range(skip, len(conversations)):
         if len(split.conversations) >= n:
             break
         split.end_source_position = position + 1
-        if fits(conversations[position]):
+        length = length_of(conversations[position])
+        if length <= max_tokens:
             split.conversations.append(conversations[position])
+            split.opening_lengths.append(length)
         else:
             split.skipped_long.append(position)
     return split
 
 
 def plan_splits(cfg: RegenConfig, tokenizer) -> Dict[str, PromptSplit]:
-    """Training and held-out prompts, refused if their ranges overlap."""
+    """Training and held-out prompts, before any generation. With the held-out range right after the
+    training one (a prompt file), the held-out prompts are reserved first and the training ones take
+    the rest; a file that cannot hold the held-out prompts and one training prompt is refused."""
     from blockdraft.data.regen import turn_inputs
     from blockdraft.data.regen_vllm import prompt_ids
 
-    def fits(conversation):
-        opening = turn_inputs(conversation, 1)[0]
-        return len(prompt_ids(tokenizer, opening, cfg.chat_template_kwargs)) <= cfg.max_prompt_tokens
+    lengths: Dict[int, int] = {}  # by id(): the reservation and the split read the same conversations
+
+    def length_of(conversation):
+        if id(conversation) not in lengths:
+            lengths[id(conversation)] = len(prompt_ids(tokenizer, turn_inputs(conversation, 1)[0], cfg.chat_template_kwargs))
+        return lengths[id(conversation)]
 
     heldout_skip = cfg.heldout_skip
     # Generous: enough rows for the skipped-long prompts of both splits.
@@ -187,15 +195,37 @@ def plan_splits(cfg: RegenConfig, tokenizer) -> Dict[str, PromptSplit]:
         heldout_skip = SHAREGPT_HELD_OUT_SKIP
         budget += heldout_skip
     conversations = source_conversations(cfg.prompts, budget)
-    train = take_prompts(conversations, cfg.num_train, cfg.train_skip, fits)
+    num_train = cfg.num_train
+    if heldout_skip is None:
+        num_train = reserve_heldout(cfg, take_prompts(conversations, cfg.num_train + cfg.num_heldout, cfg.train_skip,
+                                                      length_of, cfg.max_prompt_tokens))
+    train = take_prompts(conversations, num_train, cfg.train_skip, length_of, cfg.max_prompt_tokens)
     if heldout_skip is None:
         heldout_skip = train.end_source_position
     check_disjoint(train, heldout_skip, cfg)
-    heldout = take_prompts(conversations, cfg.num_heldout, heldout_skip, fits)
-    for name, split, want in (("train", train, cfg.num_train), ("heldout", heldout, cfg.num_heldout)):
+    heldout = take_prompts(conversations, cfg.num_heldout, heldout_skip, length_of, cfg.max_prompt_tokens)
+    for name, split, want in (("train", train, num_train), ("heldout", heldout, cfg.num_heldout)):
         if len(split.conversations) < want:
             print(f"[regen] note: {cfg.prompts} has only {len(split.conversations)} usable {name} prompts (asked {want})", file=sys.stderr)
     return {"train": train, "heldout": heldout}
+
+
+def reserve_heldout(cfg: RegenConfig, usable: PromptSplit) -> int:
+    """How many training prompts are left once the held-out ones are reserved from `usable` (every
+    usable prompt from train_skip on, up to both counts); refused when not even one is left."""
+    have, want = len(usable.conversations), cfg.num_train + cfg.num_heldout
+    if have >= want:
+        return cfg.num_train
+    long = f" ({len(usable.skipped_long)} more are longer than max_prompt_tokens={cfg.max_prompt_tokens})" if usable.skipped_long else ""
+    if cfg.num_train and have <= cfg.num_heldout:
+        raise ConfigError(
+            f"prompts={cfg.prompts} holds {have} usable prompts from position {cfg.train_skip}{long}: too few for "
+            f"num_heldout={cfg.num_heldout} held-out prompts and any training ones; lower num_heldout (regen.num_heldout= "
+            f"in the pipeline) below {have}, or bring a larger prompt file")
+    left = have - cfg.num_heldout
+    print(f"[regen] note: prompts={cfg.prompts} holds {have} usable prompts{long}: the {cfg.num_heldout} held-out "
+          f"ones are reserved first and training takes the other {left} (num_train={cfg.num_train} asked)", file=sys.stderr)
+    return left
 
 
 def check_disjoint(train: PromptSplit, heldout_skip: int, cfg: RegenConfig) -> None:

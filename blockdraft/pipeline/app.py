@@ -40,6 +40,7 @@ from typing import List, Optional
 from blockdraft.errors import ConfigError
 from blockdraft.pipeline import commands
 from blockdraft.pipeline.process import StageFailed, say
+from blockdraft.pipeline.prompt_supply import check_prompt_supply
 from blockdraft.pipeline.records import StageRecords
 from blockdraft.pipeline.round_cost import early_round_cost
 from blockdraft.pipeline.runner import NodeZeroFailed, Stage, run_stages, summarize
@@ -53,7 +54,9 @@ def prepare(s: PipelineSettings) -> dict:
     s.target = str(Path(s.target).absolute()) if s.target else s.target
     s.out = str(Path(s.out).absolute()) if s.out else s.out
     check_settings(s)
-    return commands.composed(s)
+    cfgs = commands.composed(s)
+    check_prompt_supply(cfgs["regen"], cfgs["train"])
+    return cfgs
 
 
 def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> int:

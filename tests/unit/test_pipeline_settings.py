@@ -151,3 +151,16 @@ def test_store_auto_is_decided_once_per_out_and_a_rerun_keeps_it(target, tmp_pat
     assert use and "as decided for this out" in why
     explicit = parse_overrides(words(tmp_path, "store=false"))
     assert runner.decide_store(explicit, cfgs, StageRecords(tmp_path / "stages.json")) == (False, "store=false")
+
+
+def test_a_prompt_file_too_small_for_both_splits_is_refused_before_the_first_stage(target, tmp_path, capsys):
+    import json
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}]}) + "\n" for i in range(8)))
+    out = tmp_path / "p"
+    base = [f"target={TARGET}", f"prompts={rows}", "experiment=tiny_cpu", f"out={out}", "round_cost=false"]
+    assert app.main([*base, "regen.num_heldout=8"]) == 2
+    assert "holds 8 usable prompts" in capsys.readouterr().err and not out.exists()
+    assert app.main([*base, "regen.num_heldout=3", "regen.num_train=100", "--cfg", "job"]) == 0
+    assert "the 3 held-out ones are reserved first and training takes the other 5" in capsys.readouterr().err

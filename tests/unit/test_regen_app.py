@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 from blockdraft.config import compose
 from blockdraft.data import regen_app
 from blockdraft.data.regen_app import (
-    PromptSplit, RegenConfig, alias_target_argument, check_disjoint, check_resumable, run_regen, take_prompts,
+    PromptSplit, RegenConfig, alias_target_argument, check_disjoint, check_resumable, plan_splits, reserve_heldout, run_regen,
+    take_prompts,
 )
 from blockdraft.errors import ConfigError
 
@@ -49,9 +50,38 @@ def test_a_target_without_config_points_at_prepare_gguf(tmp_path):
 
 def test_prompts_that_do_not_fit_are_skipped_and_counted():
     conversations = [[{"role": "user", "content": "x" * n}] for n in (1, 50, 2, 3, 60, 4)]
-    split = take_prompts(conversations, n=3, skip=1, fits=lambda c: len(c[0]["content"]) < 10)
+    split = take_prompts(conversations, n=3, skip=1, length_of=lambda c: len(c[0]["content"]), max_tokens=9)
     assert [c[0]["content"] for c in split.conversations] == ["xx", "xxx", "xxxx"]
     assert split.skipped_long == [1, 4] and split.end_source_position == 6
+    assert split.opening_lengths == [2, 3, 4]
+
+
+def usable_prompts(count: int, long: int = 0) -> PromptSplit:
+    return PromptSplit([[{"role": "user", "content": "q"}]] * count, 0, count + long, skipped_long=list(range(long)))
+
+
+def test_a_small_prompt_file_reserves_the_held_out_prompts_first(capsys):
+    cfg = RegenConfig(target_dir="t", out="o", prompts="rows.jsonl", num_train=1000, num_heldout=64)
+    assert reserve_heldout(cfg, usable_prompts(293, long=7)) == 229
+    assert "the 64 held-out ones are reserved first and training takes the other 229" in capsys.readouterr().err
+    assert reserve_heldout(cfg, usable_prompts(1064)) == 1000
+
+
+def test_a_prompt_file_too_small_for_both_splits_is_refused_before_any_generation():
+    cfg = RegenConfig(target_dir="t", out="o", prompts="rows.jsonl", num_train=10, num_heldout=64)
+    with pytest.raises(ConfigError, match=r"holds 64 usable prompts .*7 more are longer.*lower num_heldout .* below 64"):
+        reserve_heldout(cfg, usable_prompts(64, long=7))
+
+
+def test_the_plan_of_a_small_file_keeps_both_splits(tiny_target, tmp_path):
+    from transformers import AutoTokenizer
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}?"}]}) + "\n" for i in range(10)))
+    cfg = RegenConfig(target_dir=tiny_target, out=str(tmp_path / "o"), prompts=str(rows), num_train=20, num_heldout=4)
+    splits = plan_splits(cfg, AutoTokenizer.from_pretrained(tiny_target))
+    assert (len(splits["train"].conversations), len(splits["heldout"].conversations)) == (6, 4)
+    assert splits["heldout"].first_source_position == splits["train"].end_source_position == 6
 
 
 def test_overlapping_training_and_held_out_ranges_are_refused():

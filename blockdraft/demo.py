@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from blockdraft.errors import ConfigError
+from blockdraft.errors import ConfigError, DataError
 from blockdraft.pipeline import app
 from blockdraft.pipeline.runner import Stage
 from blockdraft.pipeline.settings import PipelineSettings, parse_overrides
@@ -127,7 +127,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         preflight()
         target = settings(argv, facts).target
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:  # a missing package is a DataError where it is read
         print(f"error: {err}", file=sys.stderr)
         return 2
     say_size(facts)

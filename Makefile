@@ -66,10 +66,10 @@ demo: setup setup-serve
 	$(PY) -m blockdraft.demo
 
 bench: setup
-	$(PY) scripts/bench_engine.py
-	$(PY) scripts/bench_capture_memory.py
-	$(PY) scripts/bench_train.py
-	$(PY) scripts/bench_chunked_loss.py
+	$(PY) scripts/bench/bench_engine.py
+	$(PY) scripts/bench/bench_capture_memory.py
+	$(PY) scripts/bench/bench_train.py
+	$(PY) scripts/bench/bench_chunked_loss.py
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) .cache

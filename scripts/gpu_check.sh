@@ -11,7 +11,7 @@
 # printed to one results file (markdown):
 #   1. pytest -m cuda            flex vs SDPA, bf16 vs fp32, the chunked loss at 151,936, activation
 #                                checkpointing, DDP over nccl, a GPU checkpoint resumed on the CPU
-#   2. scripts/bench_train_gpu.py  the Qwen3-8B-shaped draft: tokens/s, step split, memory, MFU
+#   2. scripts/bench/bench_train_gpu.py  the Qwen3-8B-shaped draft: tokens/s, step split, memory, MFU
 #   3. the demo recipe           SmolLM2-135M-shaped target (random weights), bf16, flex: step time
 set -uo pipefail
 CALLER=$(pwd)
@@ -72,7 +72,7 @@ dry_run() {
   step() { local name=$1; shift; if "$@" > "$log" 2>&1; then echo "ok    $name";
            else echo "FAIL  $name"; tail -20 "$log"; fail=1; fi; }
   step "this script parses" bash -n "$0"
-  step "the scripts compile" "$PY" -m py_compile scripts/bench_train_gpu.py scripts/gpu_wheels.py scripts/make_random_target.py
+  step "the scripts compile" "$PY" -m py_compile scripts/bench/bench_train_gpu.py scripts/gpu_wheels.py scripts/make_random_target.py
   if [ -d "$KIT/wheels" ]; then
     step "the wheels list and the kit's wheels resolve" "$PY" scripts/gpu_wheels.py check --wheels "$KIT/wheels"
   else
@@ -80,7 +80,7 @@ dry_run() {
   fi
   step "the GPU steps import nothing optional" "$PY" scripts/gpu_wheels.py imports
   step "the cuda tests collect" "$PY" -m pytest -q --collect-only -m cuda -p no:cacheprovider tests/cuda
-  step "the benchmark runs (tiny shapes, CPU)" "$PY" scripts/bench_train_gpu.py --dry-run
+  step "the benchmark runs (tiny shapes, CPU)" "$PY" scripts/bench/bench_train_gpu.py --dry-run
   step "the recipe run composes" "$PY" -m blockdraft.train $(recipe_args "$SMOLLM2_DIR" /tmp/gpu_check_dry_run) --cfg job
   rm -f "$log"
   [ $fail = 0 ] && echo "dry run: every step is ready" || echo "dry run: some steps would fail" >&2
@@ -132,7 +132,7 @@ gpu_run() {
     || { echo "torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES); results so far: $RESULTS" >&2; return 2; }
   # -v: a step stopped at its limit still names the test that was running.
   run_step "pytest -m cuda" $T_TESTS "$PY" -m pytest -m cuda -v -p no:cacheprovider -rA tests/cuda || failed=1
-  run_step "throughput: the Qwen3-8B-shaped draft" $T_BENCH "$PY" scripts/bench_train_gpu.py --out /tmp/bench_train_gpu.json || failed=1
+  run_step "throughput: the Qwen3-8B-shaped draft" $T_BENCH "$PY" scripts/bench/bench_train_gpu.py --out /tmp/bench_train_gpu.json || failed=1
   [ -f /tmp/bench_train_gpu.json ] && { section "benchmark records (JSON)"; echo '```json' >> "$RESULTS"; cat /tmp/bench_train_gpu.json >> "$RESULTS"; echo '```' >> "$RESULTS"; }
   if run_step "random-weight SmolLM2-135M" $T_TARGET "$PY" scripts/make_random_target.py "$KIT/smollm2" /tmp/smollm2-random; then
     rm -rf /tmp/gpu-recipe

@@ -1,6 +1,6 @@
 """Hidden-state capture speed: transformers (blockdraft's TargetModel) vs vLLM `extract_hidden_states`.
 
-    .venv/bin/python scripts/bench_capture_backends.py [--target T] [--rows R.jsonl] [--num-rows N] [--layers 1,10,18,27]
+    .venv/bin/python scripts/bench/bench_capture_backends.py [--target T] [--rows R.jsonl] [--num-rows N] [--layers 1,10,18,27]
 
 Both backends capture the same thing for the same token ids: for `target_layer_ids = [i, ...]`
 the outputs of decoder layers i (HF `hidden_states[i + 1]`), concatenated per token.
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 TOLERANCE = 1e-3
 CHECK_ROWS = 3

@@ -3,7 +3,7 @@
 Each mode runs in a fresh subprocess; the figure is the peak resident memory during the
 forward minus the resident memory just before it (same model, same input).
 
-    .venv/bin/python scripts/bench_capture_memory.py
+    .venv/bin/python scripts/bench/bench_capture_memory.py
 """
 
 from __future__ import annotations

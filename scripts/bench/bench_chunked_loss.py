@@ -4,7 +4,7 @@ Each variant runs forward + backward in a fresh subprocess; the figure is the pe
 memory during the loss minus the resident memory before it. A hidden size of 256 keeps the
 matmuls quick on a CPU; the logits, which dominate, do not depend on it.
 
-    .venv/bin/python scripts/bench_chunked_loss.py [chunk_size]
+    .venv/bin/python scripts/bench/bench_chunked_loss.py [chunk_size]
 """
 
 from __future__ import annotations

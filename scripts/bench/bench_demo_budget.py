@@ -1,6 +1,6 @@
 """The demo's 30-minute budget on each CPU of this machine kind: measured on this one, computed for the others.
 
-    .venv/bin/python scripts/bench_demo_budget.py [--demo .cache/demo]
+    .venv/bin/python scripts/bench/bench_demo_budget.py [--demo .cache/demo]
 
 Reads a finished `make demo` (its stages.json, rows, training metrics and serve report) for this CPU's
 per-stage throughputs; the other CPUs' come from their fresh-checkout demos in docs/benchmarks.md

@@ -5,7 +5,7 @@ that its greedy continuation is known; the draft's layers are silenced so that i
 exactly that continuation. This measures the engine's ceiling (every draft accepted) and its
 overhead (a draft that is always wrong: nothing accepted). Prints a table; no figure is hard-coded.
 
-    .venv/bin/python scripts/bench_engine.py
+    .venv/bin/python scripts/bench/bench_engine.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The reference engine with the demo draft against target-only greedy decoding, on SmolLM2-135M.
 
-    .venv/bin/python scripts/bench_engine_smollm2.py [--num-prompts 8] [--max-tokens 128]
+    .venv/bin/python scripts/bench/bench_engine_smollm2.py [--num-prompts 8] [--max-tokens 128]
 
 Both decode the same held-out prompts (the demo's heldout.jsonl, chat template applied)
 with the same target in transformers (fp32, CPU, batch size 1); the speculative run must

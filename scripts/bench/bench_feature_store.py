@@ -1,6 +1,6 @@
 """Feature store and reduced vocabulary on SmolLM2-135M: capture speed, store size, step time, coverage.
 
-    .venv/bin/python scripts/bench_feature_store.py [--steps 40] [--train-rows .cache/demo/regen/train.jsonl] [--store DIR]
+    .venv/bin/python scripts/bench/bench_feature_store.py [--steps 40] [--train-rows .cache/demo/regen/train.jsonl] [--store DIR]
 
 1. Captures the demo's training rows once (`python -m blockdraft.data.capture`, float16):
    tokens/s and bytes per 1k tokens.

@@ -1,7 +1,7 @@
 """What the pipeline's target fingerprint costs on a target laid out as Qwen3-8B's shards (16 GB of
 bfloat16 in five safetensors files), against hashing every byte, both from a cold page cache.
 
-    .venv/bin/python scripts/bench_fingerprint.py [--dir /tmp/fingerprint-target] [--keep]
+    .venv/bin/python scripts/bench/bench_fingerprint.py [--dir /tmp/fingerprint-target] [--keep]
 
 The shards hold real safetensors headers (Qwen3-8B's tensor names, shapes and offsets) over
 pseudo-random bytes; each file's pages are dropped from the page cache (posix_fadvise) before
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from blockdraft.machine import describe  # noqa: E402
 from blockdraft.models.target_fingerprint import target_fingerprint  # noqa: E402

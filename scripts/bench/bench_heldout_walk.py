@@ -1,6 +1,6 @@
 """Held-out accept_len two ways against vLLM's, on the replies the demo's serve stage generated.
 
-    .venv/bin/python scripts/bench_heldout_walk.py [--demo .cache/demo]
+    .venv/bin/python scripts/bench/bench_heldout_walk.py [--demo .cache/demo]
 
 The demo's serve stage sends the first N held-out prompts (N = its report's prompts_sent); their
 held-out rows hold the target's greedy replies to them, which the lossless serve reproduces. On

@@ -1,8 +1,8 @@
 """vLLM serving with and without the demo draft on the held-out prompts: tokens/s, speedup,
 mean acceptance length, acceptance per position; written to docs/benchmarks.md.
 
-    .venv/bin/python scripts/bench_serve.py                      # runs the smoke-serve harness
-    .venv/bin/python scripts/bench_serve.py --report .cache/demo/serve/report.json   # reuses a run
+    .venv/bin/python scripts/bench/bench_serve.py                      # runs the smoke-serve harness
+    .venv/bin/python scripts/bench/bench_serve.py --report .cache/demo/serve/report.json   # reuses a run
 
 It needs the demo's export and held-out rows (`make demo` makes them). The other bench
 scripts reuse this file's `write_section`, which owns the layout of docs/benchmarks.md.
@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "benchmarks"
 DOC_HEADER = (
-    "# Benchmarks\n\nEvery figure here comes from a script in `scripts/` that rewrites its own section; "
+    "# Benchmarks\n\nEvery figure here comes from a script in `scripts/bench/` that rewrites its own section; "
     "rerun it to refresh the section. Timings on a shared 2-core machine vary by tens of percent from run to run.\n"
 )
 

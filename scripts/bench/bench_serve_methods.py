@@ -1,6 +1,6 @@
 """Which way of keeping the serve stage's servers between rounds measures the speedup that fresh servers do.
 
-    .venv/bin/python scripts/bench_serve_methods.py [--methods frozen fresh kept] [--rounds 3] [--num-prompts 16]
+    .venv/bin/python scripts/bench/bench_serve_methods.py [--methods frozen fresh kept] [--rounds 3] [--num-prompts 16]
         [--draft .cache/demo/export] [--prompts .cache/demo/regen/heldout.jsonl] [--out runs/serve_methods/pass2]
         [--earlier runs/serve_methods/pass1 ...]
 

@@ -4,7 +4,7 @@ Runs `experiment=tiny_cpu` (or the experiment given) for DFlash and DFlash2, wit
 with `torchrun --nproc_per_node=2`, and prints the steady-state figures (the first logged window,
 which includes warm-up, is left out).
 
-    .venv/bin/python scripts/bench_train.py [experiment] [extra overrides...]
+    .venv/bin/python scripts/bench/bench_train.py [experiment] [extra overrides...]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(experiment: str, kind: str, nproc: int, extra: list) -> dict:

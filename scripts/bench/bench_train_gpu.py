@@ -13,8 +13,8 @@ utilisation: the step's model FLOPs (target forward, draft forward and backward,
 forward and its backward into the draft; no recomputation) over the step time and the GPU's dense
 bf16 rate (--peak-tflops; 989 for an H200 SXM), and over the bf16 matmul rate measured first.
 
-    python scripts/bench_train_gpu.py --out bench_train_gpu.json   # on a GPU, about 3 minutes
-    python scripts/bench_train_gpu.py --dry-run                    # the same code on CPU, tiny shapes
+    python scripts/bench/bench_train_gpu.py --out bench_train_gpu.json   # on a GPU, about 3 minutes
+    python scripts/bench/bench_train_gpu.py --dry-run                    # the same code on CPU, tiny shapes
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from blockdraft.models import build_draft  # noqa: E402
 from blockdraft.models.resolve import DraftConfig, resolve_draft_config  # noqa: E402

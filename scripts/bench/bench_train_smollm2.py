@@ -1,6 +1,6 @@
 """Training speed of the demo recipe on SmolLM2-135M: step time, tokens/s, where the time goes.
 
-    .venv/bin/python scripts/bench_train_smollm2.py [--steps 30] [--train-rows .cache/demo/regen/train.jsonl]
+    .venv/bin/python scripts/bench/bench_train_smollm2.py [--steps 30] [--train-rows .cache/demo/regen/train.jsonl]
 
 Runs `experiment=smollm2_dflash_cpu` for a few steps in a scratch run directory (no
 validation), drops the first logging window (warm-up), and writes the rest to

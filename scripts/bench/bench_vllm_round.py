@@ -1,6 +1,6 @@
 """What one draft-and-verify round costs in vLLM, and the draft's own share of it, per draft.
 
-    .venv-serve/bin/python scripts/bench_vllm_round.py --target .cache/targets/smollm2-135m-instruct \\
+    .venv-serve/bin/python scripts/bench/bench_vllm_round.py --target .cache/targets/smollm2-135m-instruct \\
         --draft full=<export> --draft reduced8192=<export> [--prompts .cache/demo/regen/heldout.jsonl]
 
 Run with the serving interpreter. Each draft gets its own process running vLLM in-process
@@ -115,7 +115,7 @@ def main() -> None:
         tps = [r["tokens"] / r["wall_s"] for r in rs]
         rows.append(f"| {label} | {rs[0]['draft_vocab_size'] or 'full (49152)'} | {statistics.median(round_ms):.1f} [{min(round_ms):.1f}-{max(round_ms):.1f}] | "
                     f"{statistics.median(propose_ms):.1f} | {statistics.median(share):.0%} | {statistics.median(tps):.1f} |")
-    command = "OMP_WAIT_POLICY=PASSIVE .venv-serve/bin/python scripts/bench_vllm_round.py " + " ".join(sys.argv[1:])
+    command = "OMP_WAIT_POLICY=PASSIVE .venv-serve/bin/python scripts/bench/bench_vllm_round.py " + " ".join(sys.argv[1:])
     body = (provenance(command) + "\n" + f"vLLM {__import__('vllm').__version__}, CPU, float32, greedy, one request at a time, "
             f"{args.num_prompts} held-out prompts x {args.max_tokens} tokens (ignore_eos), {args.repeats} runs per draft alternated. "
             "A round is one decode step: the drafter's propose plus the target's verification of the block; "

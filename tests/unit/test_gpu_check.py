@@ -14,8 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+def _script(name, folder="scripts"):
+    spec = importlib.util.spec_from_file_location(name, REPO / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # its dataclasses look their module up while being built
     spec.loader.exec_module(module)
@@ -61,7 +61,7 @@ def _matmul_flops(counter: FlopCounterMode) -> float:
 
 
 def test_bench_model_flops_equal_what_torch_counts_for_the_matmuls():
-    bench = _script("bench_train_gpu")
+    bench = _script("bench_train_gpu", "scripts/bench")
     shape, device = bench.TINY, torch.device("cpu")
     target, _ = bench.build_target(shape, device)
     draft_cfg = bench.resolve_draft_config(bench.DraftConfig(

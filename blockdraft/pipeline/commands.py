@@ -47,19 +47,26 @@ def train_overrides(s: PipelineSettings, use_store: bool) -> List[str]:
     return [*recipe_overrides(s), *store, f"run_dir={p['run']}", "resume=auto"]
 
 
+def export_dtype(s: PipelineSettings) -> str:
+    """The dtype the pipeline exports, and so serves: bfloat16 on a GPU, float32 for vLLM on a CPU,
+    unless export.dtype= says otherwise (the last one given wins, as in Hydra)."""
+    given = [w.split("=", 1)[1] for w in s.export if w.split("=", 1)[0].lstrip("+") == "dtype"]
+    return given[-1] if given else ("bfloat16" if on_cuda() else "float32")
+
+
 def export_overrides(s: PipelineSettings) -> List[str]:
-    # vLLM on a CPU serves float32; a later export.dtype= still wins.
-    dtype = "bfloat16" if on_cuda() else "float32"
     p = s.paths()
-    return [f"checkpoint={p['run']}", f"out={p['export']}", f"target_dir={s.target}", f"dtype={dtype}", "overwrite=true",
-            *s.export]
+    return [f"checkpoint={p['run']}", f"out={p['export']}", f"target_dir={s.target}", f"dtype={export_dtype(s)}",
+            "overwrite=true", *s.export]
 
 
 def gate_words(s: PipelineSettings) -> List[str]:
     # The gate trains its own one-row draft: of the recipe, only what shapes the draft reaches it.
     experiment = [f"experiment={s.experiment}"] if s.experiment else []
     draft = [w for w in s.recipe if w.lstrip("+~").split("=")[0].split(".")[0] == "draft"]
-    return [f"target={s.target}", f"out={s.paths()['gate'].parent}", "overwrite=true", *experiment, *draft, *s.gate_args]
+    # It checks the dtype that will be served: the export stage's (a gate.dtype= still wins).
+    return [f"target={s.target}", f"out={s.paths()['gate'].parent}", "overwrite=true", f"dtype={export_dtype(s)}",
+            *experiment, *draft, *s.gate_args]
 
 
 def serve_overrides(s: PipelineSettings) -> List[str]:

@@ -164,3 +164,12 @@ def test_a_prompt_file_too_small_for_both_splits_is_refused_before_the_first_sta
     assert "holds 8 usable prompts" in capsys.readouterr().err and not out.exists()
     assert app.main([*base, "regen.num_heldout=3", "regen.num_train=100", "--cfg", "job"]) == 0
     assert "the 3 held-out ones are reserved first and training takes the other 5" in capsys.readouterr().err
+
+
+def test_the_gate_checks_the_dtype_the_pipeline_exports(target, tmp_path, monkeypatch):
+    s = parse_overrides(words(tmp_path / "p", "gate=true"))
+    assert "dtype=float32" in commands.gate_words(s) and "dtype=float32" in commands.export_overrides(s)
+    monkeypatch.setattr(commands, "on_cuda", lambda: True)
+    assert "dtype=bfloat16" in commands.gate_words(s)
+    s = parse_overrides(words(tmp_path / "p", "gate=true", "export.dtype=float16"))
+    assert commands.gate_words(s)[3] == "dtype=float16" and commands.export_overrides(s)[3] == "dtype=float16"

@@ -72,7 +72,7 @@ dry_run() {
   step() { local name=$1; shift; if "$@" > "$log" 2>&1; then echo "ok    $name";
            else echo "FAIL  $name"; tail -20 "$log"; fail=1; fi; }
   step "this script parses" bash -n "$0"
-  step "the scripts compile" "$PY" -m py_compile scripts/bench/bench_train_gpu.py scripts/gpu_wheels.py scripts/make_random_target.py
+  step "the scripts compile" "$PY" -m py_compile scripts/bench/bench_train_gpu.py scripts/bench/publish.py scripts/gpu_wheels.py scripts/make_random_target.py
   if [ -d "$KIT/wheels" ]; then
     step "the wheels list and the kit's wheels resolve" "$PY" scripts/gpu_wheels.py check --wheels "$KIT/wheels"
   else

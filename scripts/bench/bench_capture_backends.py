@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from publish import REPO, command_line, provenance
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 TOLERANCE = 1e-3
 CHECK_ROWS = 3
@@ -337,6 +337,7 @@ def main() -> None:
         print(f"\nvLLM: files all on disk {vl['written_s']:.2f} s after generate began "
               f"({vl['tokens'] / vl['written_s']:.0f} tokens/s); startup excludes the {vl['import_s']:.1f} s vllm import.")
     print(f"{len(prompts)} rows, {tokens} tokens, target {args.target}, layers {layers}.")
+    print(provenance(command_line()))
     if args.keep:
         print(f"kept {work}")
     else:

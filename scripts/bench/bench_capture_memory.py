@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from publish import stamp
+
 LAYERS = 36
 CAPTURED = [1, 9, 17, 25, 33]
 SHAPE = (4, 2048)  # rows x tokens
@@ -53,7 +55,7 @@ def main() -> None:
     for mode in ("hooks", "output_hidden_states"):
         out = subprocess.run([sys.executable, __file__, mode], capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"capture of {len(CAPTURED)} of {LAYERS} layers, input {SHAPE[0]}x{SHAPE[1]} tokens, hidden 256, fp32, {time.strftime('%Y-%m-%d')}")
+    print(f"capture of {len(CAPTURED)} of {LAYERS} layers, input {SHAPE[0]}x{SHAPE[1]} tokens, hidden 256, fp32; {stamp()}")
     for r in results:
         print(f"{r['mode']:<22} peak +{r['extra_peak_mib']:8.1f} MiB  {r['seconds']:6.2f} s  features {r['features']}")
     print(f"ratio output_hidden_states / hooks: {results[1]['extra_peak_mib'] / results[0]['extra_peak_mib']:.2f}x")

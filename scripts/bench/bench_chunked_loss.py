@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from publish import stamp
+
 SLOTS, VOCAB, HIDDEN = 8192, 151_936, 256
 
 
@@ -49,7 +51,7 @@ def main() -> None:
     for c in (0, chunk):
         out = subprocess.run([sys.executable, __file__, "--one", str(c)], capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"block CE forward+backward, {SLOTS} slots x {VOCAB} vocab, hidden {HIDDEN}, fp32, CPU, {time.strftime('%Y-%m-%d')}")
+    print(f"block CE forward+backward, {SLOTS} slots x {VOCAB} vocab, hidden {HIDDEN}, fp32; {stamp()}")
     for r in results:
         name = "all logits at once" if r["chunk"] == 0 else f"chunks of {r['chunk']}"
         print(f"{name:<20} peak +{r['extra_peak_gib']:6.2f} GiB  {r['seconds']:6.1f} s  loss {r['loss']:.6f}  |grad| {r['grad_norm']:.6f}")

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-from bench_serve import REPO, command_line, provenance, write_section
-
-sys.path.insert(0, str(REPO))
-from blockdraft.demo import SIZES, cpu_class  # noqa: E402
-from blockdraft.machine import describe, machine_facts  # noqa: E402
+# publish first: where no blockdraft is installed, it puts this checkout's on the path.
+from publish import REPO, command_line, provenance, publish
+from blockdraft.demo import SIZES, cpu_class
+from blockdraft.machine import describe, machine_facts
 
 SERVED_TOKENS = 16 * 128  # the serve stage, the same on every CPU: 16 held-out prompts x 128 tokens
 ROUNDS, WARMUP_TOKENS = 2, 2 * 128  # two rounds, each on a fresh pair of servers; two warm-up prompts per server
@@ -105,9 +103,7 @@ def main() -> None:
     body = ("The preset's size per CPU (`blockdraft/demo.py`, `SIZES`): the serve stage and the round-cost probe are "
             "the same work on every CPU, the rows and training minutes take what is left of 30 minutes. Each table "
             "computes the stages from that CPU's per-stage throughputs.\n\n" + "\n".join(parts))
-    doc = write_section("demo_budget", "The demo's 30-minute budget on each CPU", provenance(command_line()) + "\n" + body)
-    print(body)
-    print(f"written to {doc}")
+    publish("demo_budget", "The demo's 30-minute budget on each CPU", provenance(command_line()) + "\n" + body)
 
 
 if __name__ == "__main__":

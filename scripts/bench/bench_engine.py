@@ -10,7 +10,6 @@ overhead (a draft that is always wrong: nothing accepted). Prints a table; no fi
 
 from __future__ import annotations
 
-import platform
 import time
 
 import torch
@@ -20,6 +19,7 @@ from blockdraft.models.resolve import DraftConfig, resolve_draft_config
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
 from blockdraft.serve.engine import SpeculativeEngine
+from publish import stamp
 
 TOKENS = 96
 BLOCK = 8
@@ -68,8 +68,8 @@ def main() -> None:
         res, t = timed(lambda: engine.generate(prompt, TOKENS))
         assert res.tokens == base.tokens, "speculative output differs from the target's"
         rows.append((name, TOKENS / t, res.stats.mean_acceptance_length))
-    print(f"reference engine, greedy, {TOKENS} tokens, K={BLOCK - 1}, torch {torch.__version__}, "
-          f"{platform.machine()} with {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}")
+    print(f"reference engine, greedy, {TOKENS} tokens, K={BLOCK - 1}, torch {torch.__version__} with "
+          f"{torch.get_num_threads()} threads; {stamp()}")
     print(f"{'run':<20} {'tokens/s':>9} {'accept len':>11} {'vs target':>10}")
     for name, tps, acc in rows:
         print(f"{name:<20} {tps:9.1f} {acc if acc is not None else '-':>11} {tps / rows[0][1]:9.2f}x")

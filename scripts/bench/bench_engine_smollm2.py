@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from bench_serve import command_line, provenance, write_section
+from publish import command_line, provenance, publish
 
 
 def load(args):
@@ -102,8 +102,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         engine, prompts = load(args)
         f = figures(decode_all(engine, prompts, args.max_tokens))
     body = engine_section(f, args, command_line())
-    print(body)
-    print(f"written to {write_section('engine', 'Reference engine vs target-only greedy (SmolLM2-135M)', body)}")
+    publish("engine", "Reference engine vs target-only greedy (SmolLM2-135M)", body)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import List, Optional
 
 import torch
 
-from bench_serve import REPO, command_line, provenance, write_section
+from publish import REPO, command_line, provenance, publish
 from bench_train_smollm2 import EXPERIMENT, run_training, summarize
 
 VOCAB_SIZES = (8192, 16384)
@@ -130,8 +130,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         heads = {v: head_seconds(v, slots=64 * 3) for v in (49152, *VOCAB_SIZES)}
         cov = coverage_rows(store)
     body = section(cap, steps, heads, cov, args, command_line())
-    print(body)
-    print(f"written to {write_section('feature_store', 'Feature store and reduced vocabulary (SmolLM2-135M)', body)}")
+    publish("feature_store", "Feature store and reduced vocabulary (SmolLM2-135M)", body)
 
 
 if __name__ == "__main__":

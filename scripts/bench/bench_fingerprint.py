@@ -20,10 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from blockdraft.machine import describe  # noqa: E402
-from blockdraft.models.target_fingerprint import target_fingerprint  # noqa: E402
+# publish first: where no blockdraft is installed, it puts this checkout's on the path.
+from publish import command_line, provenance
+from blockdraft.models.target_fingerprint import target_fingerprint
 
 LAYERS, HIDDEN, INTER, VOCAB, KV, HEAD = 36, 4096, 12288, 151936, 8, 128
 SHARDS = 5
@@ -123,7 +122,7 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(root)
     median = sorted(sampled)[len(sampled) // 2]
-    print(f"machine: {describe()}")
+    print(provenance(command_line()))
     print(f"target fingerprint (headers + sizes + 16 x 64 KiB windows per file), cold cache: median {median * 1000:.1f} ms "
           f"(runs {', '.join(f'{s * 1000:.1f}' for s in sampled)} ms)")
     print(f"sha256 of every byte, cold cache: {whole[0]:.1f} s ({total / whole[0] / 1e9:.2f} GB/s)")

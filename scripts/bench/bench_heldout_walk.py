@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bench_serve import REPO, command_line, provenance, shown_path, write_section
+from publish import REPO, command_line, provenance, publish, shown_path
 
 TARGET = REPO / ".cache" / "targets" / "smollm2-135m-instruct"
 
@@ -89,10 +89,8 @@ def main() -> None:
         f"{fmt(report['acceptance_per_position'])} (accepted per round) | {n} prompts x {report.get('max_tokens', '?')} tokens |",
         "", f"The draft `{shown_path(demo / 'export')}` on the first {s['rows']} rows of `{shown_path(demo / 'regen' / 'heldout.jsonl')}`, "
         f"the prompts its serve report ({report['date']}) sent."])
-    doc = write_section("heldout_walk", "Held-out accept_len, walked as serving walks it, against vLLM's (SmolLM2-135M)",
-                        provenance(command_line()) + "\n" + body)
-    print(body)
-    print(f"written to {doc}")
+    publish("heldout_walk", "Held-out accept_len, walked as serving walks it, against vLLM's (SmolLM2-135M)",
+            provenance(command_line()) + "\n" + body)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from bench_serve import FIGURES, REPO, command_line, provenance, write_section
+from publish import FIGURES, REPO, command_line, provenance, publish
 
 EXPERIMENT = "smollm2_dflash_cpu"
 PROBE_STEPS = 40
@@ -144,7 +144,7 @@ def main() -> None:
     figure = FIGURES / "scaling.png"
     plot(results, figure)
     title = "What a budget buys: held-out accept_len against training minutes and rows (SmolLM2-135M)"
-    print(f"wrote {write_section('scaling', title, section(results, args, step_time, figure))}")
+    publish("scaling", title, section(results, args, step_time, figure))
 
 
 if __name__ == "__main__":

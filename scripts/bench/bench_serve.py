@@ -4,8 +4,7 @@ mean acceptance length, acceptance per position; written to docs/benchmarks.md.
     .venv/bin/python scripts/bench/bench_serve.py                      # runs the smoke-serve harness
     .venv/bin/python scripts/bench/bench_serve.py --report .cache/demo/serve/report.json   # reuses a run
 
-It needs the demo's export and held-out rows (`make demo` makes them). The other bench
-scripts reuse this file's `write_section`, which owns the layout of docs/benchmarks.md.
+It needs the demo's export and held-out rows (`make demo` makes them).
 """
 
 from __future__ import annotations
@@ -13,66 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "benchmarks.md"
-FIGURES = REPO / "docs" / "benchmarks"
-DOC_HEADER = (
-    "# Benchmarks\n\nEvery figure here comes from a script in `scripts/bench/` that rewrites its own section; "
-    "rerun it to refresh the section. Timings on a shared 2-core machine vary by tens of percent from run to run.\n"
-)
+from publish import FIGURES, REPO, command_line, provenance, publish
 
 
-# --- docs/benchmarks.md, shared by every bench script ----------------------------------------
-def machine_kind() -> str:
-    """E.g. "2-core x86_64 CPU (AMD EPYC; no avx512f, avx512_bf16, amx), 24 GiB, no GPU": the CPU model and
-    the ISA features that change kernels, since machines of one kind differ in both."""
-    from blockdraft.machine import describe
-
-    return describe()
-
-
-def today() -> str:
-    """The date as `date` prints it: what the section says it was measured on."""
-    return subprocess.run(["date"], capture_output=True, text=True).stdout.strip()
-
-
-def provenance(command: str) -> str:
-    return f"Command: `{command}`  \nMachine: {machine_kind()}  \nDate: {today()}\n"
-
-
-def write_section(key: str, title: str, body: str, doc: Path = DOC) -> Path:
-    """Replace (or append) the section between `<!-- bench:key -->` markers; other sections stay."""
-    start, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
-    block = f"{start}\n## {title}\n\n{body.rstrip()}\n{end}\n"
-    text = doc.read_text() if doc.is_file() else DOC_HEADER
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-    return doc
-
-
-def shown_path(path) -> Path:
-    """A path as a section shows it: relative to the repository when inside it, so no machine's checkout appears."""
-    resolved = Path(path).resolve()
-    return resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else resolved
-
-
-def command_line() -> str:
-    """The invocation as a shell would take it back (arguments with spaces are quoted)."""
-    script = str(Path(sys.argv[0]).relative_to(REPO) if Path(sys.argv[0]).is_absolute() else sys.argv[0])
-    return shlex.join([".venv/bin/python", script, *sys.argv[1:]])
-
-
-# --- serving -------------------------------------------------------------------------------
 def run_harness(args) -> Path:
     argv = [sys.executable, "-m", "blockdraft.serve", f"draft={args.draft}", f"target={args.target}",
             f"prompts={args.prompts}", f"num_prompts={args.num_prompts}", f"max_tokens={args.max_tokens}", f"out={args.out}"]
@@ -147,8 +95,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         shutil.copy(report_path.parent / "acceptance.png", FIGURES / "serve_acceptance_smollm2.png")
         plot = "benchmarks/serve_acceptance_smollm2.png"
     body = serve_section(report, plot, command_line(), reused=args.report) + demo_stage_times(report_path)
-    print(body)
-    print(f"written to {write_section('serve', 'Serving: vLLM with and without the demo draft (SmolLM2-135M)', body)}")
+    publish("serve", "Serving: vLLM with and without the demo draft (SmolLM2-135M)", body)
 
 
 if __name__ == "__main__":

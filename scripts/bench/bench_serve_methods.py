@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_serve import REPO, command_line, provenance, shown_path, write_section
+from publish import REPO, command_line, provenance, publish, shown_path
 
 TARGET = REPO / ".cache" / "targets" / "smollm2-135m-instruct"
 
@@ -123,10 +123,7 @@ def main() -> None:
             f"rounds), the methods of a pass one after another in the order shown; {first['warmup_prompts']} warm-up "
             "prompts per server before its first measured phase; prefix caching off; `OMP_WAIT_POLICY` as the "
             "environment gives it (the demo's pipeline sets PASSIVE).\n\n" + "\n".join(f"- {n}" for n in notes))
-    doc = write_section("serve_methods", "Serving: fresh, frozen or kept servers between rounds",
-                        provenance(command_line()) + "\n" + body)
-    print(body)
-    print(f"written to {doc}")
+    publish("serve_methods", "Serving: fresh, frozen or kept servers between rounds", provenance(command_line()) + "\n" + body)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from publish import REPO, stamp
 
 
 def run(experiment: str, kind: str, nproc: int, extra: list) -> dict:
@@ -41,7 +40,7 @@ def run(experiment: str, kind: str, nproc: int, extra: list) -> dict:
 def main() -> None:
     experiment = sys.argv[1] if len(sys.argv) > 1 else "tiny_cpu"
     extra = sys.argv[2:]
-    print(f"training benchmark: experiment={experiment} {' '.join(extra)}; {os.cpu_count()} CPU cores; {time.strftime('%Y-%m-%d')}")
+    print(f"training benchmark: experiment={experiment} {' '.join(extra)}; {stamp()}")
     print(f"{'draft':<8} {'procs':>5} {'step s':>8} {'tokens/s':>9} {'target':>7} {'draft':>6} {'other':>6} {'peak RSS/rank':>14}")
     for kind in ("dflash", "dflash2"):
         for nproc in (1, 2):

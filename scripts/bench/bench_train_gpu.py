@@ -287,7 +287,11 @@ def main(argv=None) -> int:
     table = markdown(records, args.peak_tflops, measured)
     print(table)
     if args.out:
+        # Here, not at the top: the GPU check's test loads this file alone, without its folder on sys.path.
+        from publish import machine_kind, today
+
         payload = {"shape": shape.__dict__, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                   "machine": machine_kind(), "date": today(),
                    "torch": torch.__version__, "peak_tflops": args.peak_tflops, "measured_matmul_tflops": measured,
                    "records": records, "table": table}
         args.out.write_text(json.dumps(payload, indent=2, default=list))

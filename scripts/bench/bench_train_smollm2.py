@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-from bench_serve import REPO, command_line, provenance, write_section
+from publish import REPO, command_line, provenance, publish
 
 EXPERIMENT = "smollm2_dflash_cpu"
 
@@ -74,8 +74,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         figures = summarize(run_training(args, Path(tmp) / "run"))
     body = train_section(figures, args, command_line())
-    print(body)
-    print(f"written to {write_section('train', 'Training: the demo recipe on SmolLM2-135M', body)}")
+    publish("train", "Training: the demo recipe on SmolLM2-135M", body)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_serve import REPO, provenance, write_section
+from publish import REPO, command_line, provenance, publish
 
 
 def prompts_of(path: Path, n: int) -> list:
@@ -115,13 +115,12 @@ def main() -> None:
         tps = [r["tokens"] / r["wall_s"] for r in rs]
         rows.append(f"| {label} | {rs[0]['draft_vocab_size'] or 'full (49152)'} | {statistics.median(round_ms):.1f} [{min(round_ms):.1f}-{max(round_ms):.1f}] | "
                     f"{statistics.median(propose_ms):.1f} | {statistics.median(share):.0%} | {statistics.median(tps):.1f} |")
-    command = "OMP_WAIT_POLICY=PASSIVE .venv-serve/bin/python scripts/bench/bench_vllm_round.py " + " ".join(sys.argv[1:])
+    command = command_line(python=".venv-serve/bin/python", env="OMP_WAIT_POLICY=PASSIVE")
     body = (provenance(command) + "\n" + f"vLLM {__import__('vllm').__version__}, CPU, float32, greedy, one request at a time, "
             f"{args.num_prompts} held-out prompts x {args.max_tokens} tokens (ignore_eos), {args.repeats} runs per draft alternated. "
             "A round is one decode step: the drafter's propose plus the target's verification of the block; "
             "tokens/s depends on each draft's acceptance, the round's cost does not.\n\n" + "\n".join(rows) + "\n")
-    print(body)
-    print(f"written to {write_section('vllm_round', 'vLLM decode round: reduced vs full draft vocabulary (SmolLM2-135M)', body)}")
+    publish("vllm_round", "vLLM decode round: reduced vs full draft vocabulary (SmolLM2-135M)", body)
 
 
 if __name__ == "__main__":

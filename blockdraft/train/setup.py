@@ -43,10 +43,9 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
         raise ConfigError(f"draft.block_size={cfg.draft.block_size}: a block needs the anchor and one drafted slot; set >= 2.")
     check_sliding_window(cfg.draft)
     if cfg.draft.mask_token_id is None:
-        raise ConfigError(
-            "draft.mask_token_id is not set and has no default: pick a reserved, rarely used token of the "
-            "target (`python -m blockdraft.models.suggest target=<dir>` lists candidates)."
-        )
+        from blockdraft.models.mask_choice import missing_mask_message
+
+        raise ConfigError(missing_mask_message(cfg.target.path))
     check_target_path(cfg.target)
     check_strategy(cfg.distributed.target_sharding)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):

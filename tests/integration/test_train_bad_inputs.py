@@ -24,7 +24,7 @@ def never_load_weights(monkeypatch):
     ("data.val=nobody-here/no-such-rows@validation", "is not in the local Hugging Face cache"),
     ("train.num_anchors=0", "train.num_anchors=0"),
     ("train.grad_accum=0", "train.grad_accum=0"),
-    ("draft.mask_token_id=null", "draft.mask_token_id is not set"),
+    ("draft.mask_token_id=null", "add draft.mask_token_id=260 ('<|reserved_0|>'"),  # suggest's first candidate
     ("draft.mask_token_id=256", "pad/eos/bos"),
     ("draft.target_layer_ids=[1,9]", "[9] outside [0, 4]"),
     ("train.attention_backend=flex", "needs a CUDA device"),

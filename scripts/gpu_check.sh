@@ -2,7 +2,7 @@
 # The GPU path, checked on one CUDA machine in one command of under 10 minutes.
 #
 #   scripts/gpu_check.sh --prepare            # here (a CPU with a package registry): build the kit
-#   scripts/gpu_check.sh --dry-run            # here: every step exists and parses (make test runs it)
+#   scripts/gpu_check.sh --dry-run            # here: every step exists and parses (make test-slow runs it)
 #   scripts/gpu_check.sh --results FILE       # on the GPU machine, from the repository root
 #
 # The GPU machine needs only torch, transformers, accelerate, safetensors, tqdm and matplotlib: the

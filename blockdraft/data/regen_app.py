@@ -60,6 +60,7 @@ class RegenConfig:
     temperature: float = 0.0
     """0 = greedy (what the demo serves); above 0 samples with a per-conversation seed."""
     seed: int = 0
+    """Base of the per-conversation sampling seeds (temperature above 0)."""
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra chat template variables; use what training and serving use."""
     backend: str = "auto"
@@ -76,8 +77,11 @@ class RegenConfig:
     """vLLM on CPU: its OpenMP threads on every core (all), vLLM's default (auto: every core but one, kept for
     its engine loop), or a core list (0-1). For a batch of 32 on 2 cores, all gave 1.31x the tokens/s of auto."""
     startup_timeout_s: float = 600.0
+    """Seconds the vLLM server may take to answer /health."""
     request_timeout_s: float = 900.0
+    """Seconds one conversation's request may take."""
     progress: bool = True
+    """Progress bar on the terminal."""
 
     # How fast, where and how loudly it runs: no row changes with them, so a rerun that changes only these
     # keeps the rows (the pipeline's regen key leaves them out).
@@ -204,6 +208,7 @@ def plan_splits(cfg: RegenConfig, tokenizer) -> Dict[str, PromptSplit]:
         heldout_skip = train.end_source_position
     check_disjoint(train, heldout_skip, cfg)
     heldout = take_prompts(conversations, cfg.num_heldout, heldout_skip, length_of, cfg.max_prompt_tokens)
+    check_ranges_apart(train, heldout, cfg)
     for name, split, want in (("train", train, num_train), ("heldout", heldout, cfg.num_heldout)):
         if len(split.conversations) < want:
             print(f"[regen] note: {cfg.prompts} has only {len(split.conversations)} usable {name} prompts (asked {want})", file=sys.stderr)
@@ -234,6 +239,18 @@ def check_disjoint(train: PromptSplit, heldout_skip: int, cfg: RegenConfig) -> N
             f"the training prompts (positions {train.first_source_position}..{train.end_source_position - 1} of {cfg.prompts}) "
             f"overlap the held-out ones (from heldout_skip={heldout_skip}); lower num_train, or set heldout_skip to "
             f"{train.end_source_position} or more"
+        )
+
+
+def check_ranges_apart(train: PromptSplit, heldout: PromptSplit, cfg: RegenConfig) -> None:
+    """The ranges as read: a held-out range that skipped long prompts reaches past heldout_skip + num_heldout."""
+    if (train.conversations and heldout.conversations and train.first_source_position < heldout.end_source_position
+            and heldout.first_source_position < train.end_source_position):
+        raise ConfigError(
+            f"the held-out prompts (positions {heldout.first_source_position}..{heldout.end_source_position - 1} of "
+            f"{cfg.prompts}, long ones skipped) overlap the training ones ({train.first_source_position}.."
+            f"{train.end_source_position - 1}); set train_skip to {heldout.end_source_position} or more, or move "
+            "heldout_skip past the training prompts"
         )
 
 
@@ -410,6 +427,16 @@ def main() -> None:
     import hydra
     from omegaconf import OmegaConf
 
+    from blockdraft.config.app_help import AppHelp, exit_if_help_asked
+
+    exit_if_help_asked(AppHelp(
+        app="regen", module="blockdraft.data.regen", schema=RegenConfig,
+        usage="target=<HF dir> out=<dir> [prompts=sharegpt|tiny_prompts|<rows>] [key=value ...]",
+        example="target=.cache/targets/smollm2-135m-instruct out=runs/regen num_train=200 num_heldout=16",
+        notes=("target=<dir> is target_dir=<dir>. Writes <out>/train.jsonl, heldout.jsonl, parts/ and regen.json; "
+               "a rerun resumes.",),
+        rewrite=alias_target_argument,
+    ))
     sys.argv = alias_target_argument(sys.argv)
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="regen", version_base=None)

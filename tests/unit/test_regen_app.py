@@ -129,3 +129,14 @@ def test_a_tiny_run_writes_disjoint_splits_resumes_and_skips_what_is_complete(ti
     assert "old rows are discarded" in capsys.readouterr().out
     manifest = json.loads((out / "regen.json").read_text())
     assert manifest["splits"]["heldout"]["source_positions"] == [5, 7]
+
+
+def test_held_out_prompts_that_skipped_long_ones_may_not_reach_into_the_training_range():
+    from blockdraft.data.regen_app import check_ranges_apart
+
+    cfg = RegenConfig(target_dir="t", out="o", num_train=10, num_heldout=4, heldout_skip=0, train_skip=4)
+    heldout = PromptSplit([[{}]] * 4, first_source_position=0, end_source_position=7, skipped_long=[1, 2, 3])
+    train = PromptSplit([[{}]] * 10, first_source_position=4, end_source_position=14)
+    with pytest.raises(ConfigError, match=r"positions 0..6 .*set train_skip to 7 or more"):
+        check_ranges_apart(train, heldout, cfg)
+    check_ranges_apart(PromptSplit([[{}]] * 10, 7, 17), heldout, cfg)

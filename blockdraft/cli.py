@@ -27,6 +27,10 @@ COMMANDS = {
     "demo": ("blockdraft.demo", "the pipeline on SmolLM2-135M-Instruct, offline (what make demo runs)"),
 }
 
+# The `blockdraft <command>` running in this process, for the usage line of its help: runpy replaces
+# sys.argv[0] with the module's file, so the app cannot read it from there.
+RUNNING: Optional[str] = None
+
 
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
@@ -45,6 +49,15 @@ def usage() -> str:
             "commands:\n" + "\n".join(lines) + "\n\n  --version  the installed version")
 
 
+def inspect_arguments(words: List[str]) -> List[str]:
+    """A bare word is the directory to inspect, except the value of Hydra's `--cfg job`."""
+    out = []
+    for i, word in enumerate(words):
+        flag_value = i > 0 and words[i - 1] in ("--cfg", "-c")
+        out.append(word if "=" in word or word.startswith("-") or flag_value else f"inspect={word}")
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -61,8 +74,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     module = COMMANDS[command][0]
     if command == "inspect":  # `blockdraft inspect <dir>` is the export app's inspect=<dir>
-        rest = [a if "=" in a or a.startswith("-") else f"inspect={a}" for a in rest]
+        rest = inspect_arguments(rest)
+    global RUNNING
     sys.argv = [f"blockdraft {command}", *rest]
+    RUNNING = f"blockdraft {command}"
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as done:  # the app's own exit status, as `python -m` would return it
@@ -71,6 +86,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return code or 0
         print(code, file=sys.stderr)
         return 1
+    finally:
+        RUNNING = None
     return 0
 
 

@@ -26,7 +26,8 @@ from typing import List, Optional
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.pipeline import app
 from blockdraft.pipeline.runner import Stage
-from blockdraft.pipeline.settings import PipelineSettings, parse_overrides
+from blockdraft.config.cfg_flag import split_cfg_job
+from blockdraft.pipeline.settings import PipelineSettings, keys_help, parse_overrides
 
 TARGET_DIR = ".cache/targets/smollm2-135m-instruct"
 # 48 held-out prompts, 16 of them served x 128 tokens over two honest rounds, on every CPU; how many
@@ -116,15 +117,36 @@ def say_size(facts: dict) -> None:
           "(docs/benchmarks.md, demo_budget); regen.num_train= and train.max_minutes= change them", flush=True)
 
 
+def print_config(s: PipelineSettings) -> None:
+    """`--cfg job`: what each stage would run once the target is prepared; before that, the settings
+    (the stages compose against the target's files, which the demo's first stage writes)."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    from blockdraft.models.prepare_gguf import is_prepared
+
+    if is_prepared(Path(s.target)):
+        app.print_config(s)
+        return
+    print(f"# the target stage prepares {s.target} first; the stages' composed configs print once it is there")
+    print(OmegaConf.to_yaml(asdict(s)))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from blockdraft.machine import machine_facts
 
     facts = machine_facts()
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\nThe preset on this CPU: " + " ".join(preset(facts)))
+        print(__doc__.strip() + "\n\nThe preset on this CPU: " + " ".join(preset(facts)) + "\n\n"
+              + keys_help(parse_overrides(preset(facts))))
         return 0
     try:
+        argv, show_config = split_cfg_job(argv, "the demo's pipeline settings")
+        if show_config:
+            print_config(settings(argv, facts))
+            return 0
         preflight()
         target = settings(argv, facts).target
     except (ConfigError, DataError) as err:  # a missing package is a DataError where it is read

@@ -21,6 +21,8 @@ from tqdm import tqdm
 
 from blockdraft import faults
 from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.config.app_help import AppHelp, exit_if_help_asked
+from blockdraft.config.target_argument import rewrite_target_argument, target_argument_or_exit
 from blockdraft.data.dataset import collate, prepare_dataset
 from blockdraft.data.feature_store import STORAGE_DTYPES, FeatureStore, check_storage_dtype
 from blockdraft.data.store_identity import split_source, store_identity
@@ -49,6 +51,15 @@ class CaptureAppConfig(TrainAppConfig):
 
 
 register_schema("capture_schema", CaptureAppConfig)
+
+HELP = AppHelp(
+    app="capture", module="blockdraft.data.capture", schema=CaptureAppConfig,
+    usage="<training overrides: experiment=<recipe> target=<group or dir> key=value ...> out=<dir>",
+    example="experiment=tiny_cpu out=runs/store  (then: blockdraft train experiment=tiny_cpu data.features=runs/store)",
+    notes=("The training app's keys mean what they mean for training; the capture's own keys are the top-level ones after run_dir.",
+           "target=<dir> captures a local Hugging Face directory (target.path=<dir>, no tiny target)."),
+    rewrite=rewrite_target_argument,
+)
 
 
 COMPUTE_DTYPES = ("train", "float32", "bfloat16", "auto")
@@ -282,4 +293,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    exit_if_help_asked(HELP)
+    sys.argv = target_argument_or_exit(sys.argv)
     main()

@@ -19,11 +19,22 @@ import hydra
 from omegaconf import OmegaConf
 
 from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.config.app_help import AppHelp, exit_if_help_asked
 from blockdraft.eval.config import EvalAppConfig
 from blockdraft.serve.cli import USER_ERRORS, alias_arguments, terminate_as_interrupt
 from blockdraft.vllm_runtime.server import ServerError
 
 register_schema("eval_schema", EvalAppConfig)
+
+ALIASES = {"target=": "target_dir="}
+HELP = AppHelp(
+    app="eval", module="blockdraft.eval", schema=EvalAppConfig,
+    usage="target=<HF dir> drafts=[<export>,...] [datasets=[sharegpt,humaneval]] [concurrency=[1,4]] [key=value ...]",
+    example="target=/models/Qwen3-8B drafts=[exports/a,exports/b] datasets=[sharegpt] concurrency=[1,4] out=runs/eval",
+    notes=("target=<dir> is target_dir=<dir>. Per dataset: dataset_options.<name>.{num_prompts,max_tokens,skip,"
+           "use_chat_template,chat_template_kwargs}; add a sampling setting with +sampling.<name>={temperature:...}.",),
+    rewrite=lambda argv: alias_arguments(argv, ALIASES),
+)
 
 
 def evaluate(cfg: EvalAppConfig) -> dict:
@@ -63,6 +74,7 @@ def main(conf) -> None:
 
 
 if __name__ == "__main__":
+    exit_if_help_asked(HELP)
     signal.signal(signal.SIGTERM, terminate_as_interrupt)
-    sys.argv = alias_arguments(sys.argv, {"target=": "target_dir="})
+    sys.argv = alias_arguments(sys.argv, ALIASES)
     main()

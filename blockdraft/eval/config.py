@@ -51,12 +51,18 @@ class EvalAppConfig:
     # Plain dicts, checked against DatasetOptions / SamplingSpec by `validate`: a typed dict of
     # dataclasses would refuse new keys from the command line (+sampling.hot.temperature=1.2).
     dataset_options: Dict[str, Any] = field(default_factory=lambda: {"humaneval": {"use_chat_template": False}})
+    """Per dataset name, what differs from the app-wide keys: {num_prompts, max_tokens, skip, use_chat_template,
+    chat_template_kwargs} (DatasetOptions)."""
     num_prompts: int = 16
+    """Prompts per dataset (dataset_options.<name>.num_prompts overrides it)."""
     max_tokens: int = 128
+    """Tokens generated per prompt (dataset_options.<name>.max_tokens overrides it)."""
     settings: List[str] = field(default_factory=lambda: ["greedy", "sampled"])
     """Names from `sampling`."""
     sampling: Dict[str, Any] = field(default_factory=lambda: {
         "greedy": {"temperature": 0.0}, "sampled": {"temperature": 1.0, "top_p": 0.95, "top_k": None}})
+    """Named sampling settings {temperature, top_p, top_k} (SamplingSpec); add one with
+    +sampling.<name>={temperature: ...}."""
     concurrency: List[int] = field(default_factory=lambda: [1])
     """Requests in flight at once; a draft's speedup shrinks as the batch grows."""
     seed: int = 0
@@ -64,20 +70,30 @@ class EvalAppConfig:
     out: str = "runs/eval"
     """eval.json, eval.md, the plots, and cells/ (each finished cell: a rerun skips it)."""
     use_chat_template: bool = True
+    """Apply the target's chat template client-side (dataset_options.<name> overrides it)."""
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra chat template variables, e.g. {enable_thinking: false}; use what training used."""
     allow_near_ties: bool = False
     """Greedy: count a first difference at a near-tie of the target's top two logprobs as lossless."""
     ignore_eos: bool = False
+    """Generate max_tokens for every prompt even past EOS."""
     # The servers (as in smoke-serve).
     vllm_python: Optional[str] = None
+    """The serving interpreter; null = <repo>/.venv-serve/bin/python."""
     device: str = "auto"
+    """auto (what the serving vLLM was built for) | cpu | cuda."""
     max_model_len: int = 1024
+    """Context length vLLM reserves."""
     max_num_seqs: Optional[int] = None
     """null = the largest concurrency."""
     kv_cache_gib: int = 2
+    """CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
     startup_timeout_s: float = 600.0
+    """Seconds a vLLM server may take to answer /health."""
     request_timeout_s: float = 600.0
+    """Seconds one generation request may take."""
     extra_vllm_args: List[str] = field(default_factory=list)
+    """More vLLM server arguments, one list item per argv word."""
 
     # --- derived ----------------------------------------------------------------------
     def options(self, dataset: str) -> DatasetOptions:

@@ -18,6 +18,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.config.app_help import AppHelp, exit_if_help_asked
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.export.config import ExportConfig
 from blockdraft.export.contract import ContractError
@@ -28,6 +29,13 @@ from blockdraft.export.writer import ExportCheckError, export_draft
 register_schema("export_schema", ExportConfig)
 
 USER_ERRORS = (ConfigError, DataError, ContractError, ExportCheckError)
+
+HELP = AppHelp(
+    app="export", module="blockdraft.export", schema=ExportConfig,
+    usage="checkpoint=<run or step dir> out=<dir> [target=<HF dir>] [key=value ...]   |   inspect=<dir>",
+    example="checkpoint=runs/try out=exports/try dtype=float32",
+    notes=("target=<dir> is target_dir=<dir>; `blockdraft inspect <dir>` is inspect=<dir>.",),
+)
 
 
 def run(cfg: ExportConfig) -> str:
@@ -72,5 +80,6 @@ def alias_target_argument(argv: List[str]) -> List[str]:
 
 
 if __name__ == "__main__":
+    exit_if_help_asked(HELP)
     sys.argv = alias_target_argument(sys.argv)
     main()

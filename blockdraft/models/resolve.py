@@ -31,9 +31,13 @@ class DraftConfig:
     hidden_size: Optional[int] = None
     """Draft width; null = the target's."""
     intermediate_size: Optional[int] = None
+    """Width of the draft's MLP; null = the target's (3 x hidden_size where the target has none of its own)."""
     num_attention_heads: Optional[int] = None
+    """Attention heads of the draft; null = the target's."""
     num_key_value_heads: Optional[int] = None
+    """Key/value heads of the draft; null = the target's."""
     head_dim: Optional[int] = None
+    """Width of one attention head; null = the target's (or hidden_size / heads for a draft of another width)."""
     sliding_window: Optional[int] = None
     """Sliding-window attention for the draft (null = full attention)."""
     conv_kernel_size: int = 2

@@ -44,7 +44,7 @@ from blockdraft.pipeline.prompt_supply import check_prompt_supply
 from blockdraft.pipeline.records import StageRecords
 from blockdraft.pipeline.round_cost import early_round_cost
 from blockdraft.pipeline.runner import NodeZeroFailed, Stage, run_stages, summarize
-from blockdraft.pipeline.settings import PipelineSettings, check_settings, parse_overrides
+from blockdraft.pipeline.settings import PipelineSettings, check_settings, keys_help, parse_overrides
 from blockdraft.pipeline.stages import decide_store, pipeline_stages
 
 
@@ -102,17 +102,13 @@ def print_config(s: PipelineSettings) -> None:
 
 def main(argv: List[str], base: Optional[PipelineSettings] = None, before: Optional[List[Stage]] = None,
          doc: str = __doc__) -> int:
+    from blockdraft.config.cfg_flag import split_cfg_job
+
     if any(a in ("-h", "--help") for a in argv):
-        print(doc.strip())
+        print(f"{doc.strip()}\n\n{keys_help(base or PipelineSettings())}")
         return 0
-    show_config = False
-    if "--cfg" in argv:
-        at = argv.index("--cfg")
-        if argv[at + 1:at + 2] != ["job"]:
-            print("error: --cfg takes job (what each stage would run, composed)", file=sys.stderr)
-            return 2
-        argv, show_config = argv[:at] + argv[at + 2:], True
     try:
+        argv, show_config = split_cfg_job(argv, "what each stage would run, composed")
         settings = parse_overrides(argv, base)
         if show_config:
             print_config(settings)

@@ -85,6 +85,14 @@ class PipelineSettings:
 OWN_KEYS = ("target", "out", "prompts", "experiment", "gate", "round_cost", "store", "force", "node_wait_minutes")
 
 
+def keys_help(s: PipelineSettings) -> str:
+    """The pipeline's own keys with type, default (`s`'s: a preset's where it has one) and meaning."""
+    from blockdraft.config.key_table import key_rows, render_rows
+
+    return (f"keys:\n{render_rows(key_rows(PipelineSettings, s, only=OWN_KEYS))}\n\n"
+            "--cfg job prints what each stage would run, composed and checked, and exits without work.")
+
+
 def parse_overrides(words: List[str], base: Optional[PipelineSettings] = None) -> PipelineSettings:
     """`key=value` words onto `base` (a preset's settings; a later word wins over an earlier one)."""
     s = base or PipelineSettings()

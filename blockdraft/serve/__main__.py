@@ -19,6 +19,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.config.app_help import AppHelp, exit_if_help_asked
 from blockdraft.serve import cli
 from blockdraft.serve.cli import USER_ERRORS
 from blockdraft.serve.config import ServeConfig
@@ -49,7 +50,18 @@ def alias_arguments(argv: List[str]) -> List[str]:
     return cli.alias_arguments(argv, ALIASES)
 
 
+HELP = AppHelp(
+    app="serve", module="blockdraft.serve", schema=ServeConfig,
+    usage="draft=<export dir> target=<HF dir> [prompts=<file.jsonl|sharegpt|humaneval|tiny>] [key=value ...]",
+    example="draft=exports/try target=.cache/targets/tiny-qwen3 prompts=tiny num_prompts=4 out=runs/serve",
+    notes=("draft=<dir> / target=<dir> are draft_dir= / target_dir=. Exit status: 0 passed, 1 the check failed, "
+           "2 refused before launch, 130 interrupted.",),
+    rewrite=alias_arguments,
+)
+
+
 if __name__ == "__main__":
+    exit_if_help_asked(HELP)
     signal.signal(signal.SIGTERM, cli.terminate_as_interrupt)
     sys.argv = alias_arguments(sys.argv)
     main()

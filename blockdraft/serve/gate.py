@@ -59,6 +59,7 @@ class GateConfig:
     recheck: bool = False
     """Serve the export already in `out` again against its sample (after editing it, or another vLLM)."""
     train_overrides: List[str] = field(default_factory=list)
+    """Every word that is not a gate key (experiment=, draft=, draft.*, train.*, ...): a training override."""
 
     def validate(self) -> "GateConfig":
         if not self.target or not Path(self.target).is_dir():
@@ -280,14 +281,40 @@ def say(message: str) -> None:
     print(f"[gate] {message}", file=sys.stderr, flush=True)
 
 
+def usage() -> str:
+    from blockdraft.config.key_table import key_rows, render_rows
+
+    own = [name for name in GateConfig.__dataclass_fields__ if name != "train_overrides"]  # not a word: the rest of them
+    return (f"{__doc__.strip()}\n\nkeys (every other key=value is a training override):\n"
+            f"{render_rows(key_rows(GateConfig, GateConfig(), only=own))}\n\n--cfg job prints these settings and the "
+            "training config they compose, and exits.")
+
+
+def print_config(cfg: GateConfig) -> None:
+    """`--cfg job`: the gate's settings, then the training config it composes (nothing is run or written)."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    print(OmegaConf.to_yaml(asdict(cfg)))
+    print(f"# --- training, for a reply of max_tokens={cfg.max_tokens} tokens (train.num_anchors follows the reply's length)")
+    print(OmegaConf.to_yaml(training_config(cfg, Path(cfg.out).absolute(), cfg.max_tokens)))
+
+
 def main(argv: List[str]) -> int:
     from blockdraft.serve.cli import USER_ERRORS
 
+    from blockdraft.config.cfg_flag import split_cfg_job
+
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip())
+        print(usage())
         return 0
     try:
+        argv, show_config = split_cfg_job(argv, "the gate's settings and the training config it composes")
         cfg = parse_arguments(argv)
+        if show_config:
+            print_config(cfg)
+            return 0
         verdict = run_gate(cfg)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,14 +1,25 @@
-"""`python -m blockdraft.train experiment=... key=value` (also under torchrun)."""
+"""`python -m blockdraft.train experiment=... key=value` (also under torchrun); `--help` lists every key."""
 
 import sys
 
 import hydra
 
 from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.config.app_help import AppHelp, exit_if_help_asked
+from blockdraft.config.target_argument import rewrite_target_argument, target_argument_or_exit
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.train.config import TrainAppConfig
 
 register_schema("train_schema", TrainAppConfig)
+
+HELP = AppHelp(
+    app="train", module="blockdraft.train", schema=TrainAppConfig,
+    usage="[experiment=<recipe>] [target=<group or dir>] [<group>=<option> ...] [key=value ...]",
+    example="experiment=tiny_cpu train.max_steps=20 run_dir=runs/try",
+    notes=("target=<dir> trains against a local Hugging Face directory (target.path=<dir>, no tiny target);",
+           "several processes: torchrun --nproc_per_node=N -m blockdraft.train ... (or blockdraft pipeline train.nproc=N)."),
+    rewrite=rewrite_target_argument,
+)
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)
@@ -31,4 +42,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    exit_if_help_asked(HELP)
+    sys.argv = target_argument_or_exit(sys.argv)
     main()

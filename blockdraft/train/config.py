@@ -65,6 +65,7 @@ class LoopConfig:
     dtype: str = "auto"
     """auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16."""
     log_every: int = 10
+    """Steps between metric lines (metrics.jsonl, the terminal, wandb)."""
     val_every: int = 0
     """Steps between validations (0 = only at the end, when data.val is set)."""
     save_every: int = 0
@@ -82,7 +83,9 @@ class WandbConfig:
     mode: str = "disabled"
     """disabled | offline | online."""
     project: str = "blockdraft"
+    """The wandb project the run is logged under."""
     name: Optional[str] = None
+    """The wandb run's name; null = wandb's own."""
     dir: Optional[str] = None
     """Where wandb writes; null = <run_dir>/wandb."""
 
@@ -94,8 +97,11 @@ class PrepareConfig:
     regenerate_builtin: Optional[str] = None
     """Name of a built-in prompt set answered by the target into data.train / data.val (e.g. tiny_prompts)."""
     num_train: int = 64
+    """regenerate_builtin: prompts answered into data.train."""
     num_val: int = 16
+    """regenerate_builtin: prompts answered into data.val (after the training ones)."""
     max_new_tokens: int = 48
+    """regenerate_builtin: most tokens of each reply."""
 
 
 @dataclass
@@ -126,6 +132,7 @@ class TrainAppConfig:
     init_from: Optional[str] = None
     """An exported or imported draft directory to start from."""
     seed: int = 0
+    """Seeds the draft's initial weights and the order and anchors of the training batches."""
     name: Optional[str] = None
     """The recipe's name (experiment files set it); recorded in metrics and the model card."""
 

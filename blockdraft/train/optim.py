@@ -22,7 +22,9 @@ class OptimConfig:
     lr: float = 6e-4
     """Peak learning rate (with muon: of the AdamW group: norms, biases, other non-matrix parameters)."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay (with muon: of the AdamW group)."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW's two moment decay rates."""
     warmup_ratio: float = 0.04
     """Share of max_steps spent warming up linearly from 0."""
     min_lr_ratio: float = 0.1
@@ -33,7 +35,9 @@ class OptimConfig:
     """muon: peak learning rate of the matrix group; null = lr. Muon's updates are rescaled to
     AdamW's RMS (adjust_lr_fn=match_rms_adamw), so the two rates are on one scale."""
     muon_momentum: float = 0.95
+    """muon: momentum of the matrix group's updates."""
     muon_weight_decay: float = 0.0
+    """muon: decoupled weight decay of the matrix group."""
     muon_ns_steps: int = 5
     """Newton-Schulz iterations per Muon step (torch's default 5): fewer make a step cheaper on a CPU,
     where they dominate it, and orthogonalise the update less exactly."""

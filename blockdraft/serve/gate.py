@@ -29,6 +29,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.serve.gate_response import DATA_NAME, PROMPT_NAME, Sample, make_sample, read_sample
 
 VERDICT_NAME = "gate.json"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PROMPT = "Tell me about the moon."
 
 
@@ -50,8 +51,8 @@ class GateConfig:
     """Memorised: training's accept_len >= min_ratio x block_size; pass: serving's >= min_ratio x training's."""
     engine: str = "auto"
     """auto (vLLM where it can run the draft) | vllm | reference, as in `blockdraft.serve`."""
-    dtype: str = "float32"
-    """Export dtype: float32 for vLLM on CPU; bfloat16 on a GPU."""
+    dtype: str = "auto"
+    """Export dtype, the one served: auto (bfloat16 on a GPU, float32 for vLLM on a CPU, as the pipeline exports) | float32 | bfloat16 | float16."""
     vllm_python: Optional[str] = None
     """The serving interpreter; null = <repo>/.venv-serve/bin/python."""
     overwrite: bool = False
@@ -67,9 +68,13 @@ class GateConfig:
         out = Path(self.out)
         if self.recheck:
             return self
-        if out.is_dir() and any(out.iterdir()) and not self.overwrite:
-            raise ConfigError(f"out={self.out} already holds a gate run; pick another out, pass overwrite=true, "
+        if (out / VERDICT_NAME).is_file() and not self.overwrite:
+            raise ConfigError(f"out={self.out} already holds a finished gate run; pick another out, pass overwrite=true, "
                               "or recheck=true to serve its export again.")
+        if out.is_dir() and any(out.iterdir()) and not is_gate_run(out):
+            raise ConfigError(f"out={self.out} holds files that are not a gate run; pick an empty or new directory.")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r}; use one of {list(DTYPES)}.")
         for key in ("max_tokens", "steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}={getattr(self, key)}: set it to 1 or more.")
@@ -106,6 +111,45 @@ def parse_arguments(argv: List[str]) -> GateConfig:
     return cfg.validate()
 
 
+def is_gate_run(out: Path) -> bool:
+    """What a gate run writes first (its sample), so an unfinished run is replaced without overwrite=true."""
+    return (out / DATA_NAME).is_file() or (out / PROMPT_NAME).is_file() or (out / VERDICT_NAME).is_file()
+
+
+def export_dtype(cfg: GateConfig) -> str:
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+def choose_mask_token(cfg: GateConfig, out: Path) -> None:
+    """Where neither the recipe nor the overrides set draft.mask_token_id, take suggest's first candidate:
+    the gate checks fidelity, which any reserved token serves; the choice is said and kept in the overrides."""
+    from blockdraft.models.mask_choice import first_mask_candidate, missing_mask_message
+
+    if training_config(cfg, out, 1).draft.mask_token_id is not None:
+        return
+    candidate = first_mask_candidate(cfg.target)
+    if candidate is None:
+        raise ConfigError(missing_mask_message(cfg.target))
+    token_id, text = candidate
+    say(f"draft.mask_token_id is not set: the gate uses {token_id} ({text!r}), the target's first reserved special "
+        "token (any reserved token serves a fidelity check; training needs the one you choose)")
+    cfg.train_overrides.append(f"draft.mask_token_id={token_id}")
+
+
+def check_before_work(cfg: GateConfig, out: Path) -> None:
+    """A typo in an override, or a setting training refuses, is said before `out` is touched or a model loads."""
+    from omegaconf import OmegaConf
+
+    from blockdraft.train.setup import check_config
+
+    choose_mask_token(cfg, out)
+    check_config(OmegaConf.to_object(training_config(cfg, out, 1)), data_ready=False)
+
+
 def training_config(cfg: GateConfig, out: Path, reply_length: int, steps: Optional[int] = None):
     """The training app's config for the one row: the gate's defaults, the user's overrides, then
     what the gate must fix (its one row, never a recipe's regenerated data, no validation, its run
@@ -138,8 +182,8 @@ def training_config(cfg: GateConfig, out: Path, reply_length: int, steps: Option
 def run_gate(cfg: GateConfig) -> dict:
     out = Path(cfg.out).absolute()
     if not cfg.recheck:
-        training_config(cfg, out, 1)  # a typo in an override is refused before any model loads
-        if out.exists():
+        check_before_work(cfg, out)
+        if out.exists():  # a finished run only with overwrite=true (validate), or an unfinished one
             shutil.rmtree(out)
         out.mkdir(parents=True)
         say(f"target's greedy reply to {cfg.prompt!r} ...")
@@ -163,8 +207,9 @@ def train_and_export(cfg: GateConfig, out: Path, sample: Sample) -> None:
         say(f"training's accept_len on the sample is {reached:.2f} < {floor:.2f} = {cfg.min_ratio} x block_size: "
             f"not memorised yet; training on to {steps} steps (max_steps={cfg.max_steps})")
         run = run_training(training_config(cfg, out, len(sample.reply_ids), steps))
-    say(f"exporting {run} ({cfg.dtype})")
-    export_draft(run, out / "export", dtype=cfg.dtype, target_dir=cfg.target)
+    dtype = export_dtype(cfg)
+    say(f"exporting {run} ({dtype})")
+    export_draft(run, out / "export", dtype=dtype, target_dir=cfg.target)
 
 
 @dataclass

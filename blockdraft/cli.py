@@ -2,7 +2,8 @@
 
 Each command is the `python -m` module it names, run unchanged in this process: the same Hydra
 config, `--help`, `--cfg job` and exit codes. (`torchrun -m blockdraft.train` is still the way to
-start several training processes by hand; `blockdraft pipeline train.nproc=N` does it for you.)
+start several training processes by hand; `blockdraft pipeline target=<dir> out=<dir> train.nproc=N`
+does it for you.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m blockdraft.train experiment=... key=value` (also under torchrun); `--help` lists every key."""
+"""`python -m blockdraft.train experiment=<recipe> [key=value ...]` (also under torchrun); `--help` lists every key."""
 
 import sys
 

@@ -4,7 +4,8 @@ steps continue the run; a new recipe, force= or new target weights run the stage
 replace kept under <out>/superseded/; two nodes killed part way and rerun keep their training.
 
 The tiny Qwen3 target, served by the reference engine (the vLLM pipeline is tests/integration/test_pipeline.py):
-what is measured here is what a rerun keeps, not what serving computes.
+what is measured here is what a rerun keeps, not what serving computes. force=, new weights and the two
+nodes run in make test-slow (and make test-faults); make test keeps their logic in faster unit tests.
 """
 
 from __future__ import annotations
@@ -88,34 +89,55 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory):
-    """A finished pipeline, then each rerun in turn on the same out; what each found and left."""
-    root = tmp_path_factory.mktemp("reruns")
-    target = shutil.copytree(save_tiny_target(REPO / ".cache" / "targets" / "tiny-qwen3", "qwen3"), root / "target")
-    out, steps = root / "out", {}
+class Chain:
+    """A finished pipeline, then each rerun in turn on the same out; what each found and left.
 
-    def step(name, *extra, before=None, fault=None):
+    The reruns run in this order, each when a test first asks for it or for a later one. `force` and
+    `weights` run only when asked for (their tests are in make test-slow: tests/unit/test_pipeline_runner.py
+    forces a stage and tests/unit/test_pipeline_keys.py changes the weights in seconds), so make test's
+    chain is first, neutral, longer, recipe, nonfinite, advice."""
+
+    ORDER = ("first", "neutral", "longer", "recipe", "force", "nonfinite", "advice", "weights")
+    ON_REQUEST = ("force", "weights")
+
+    def __init__(self, root: Path):
+        self.root, self.out, self.results = root, root / "out", {}
+        self.target = shutil.copytree(save_tiny_target(REPO / ".cache" / "targets" / "tiny-qwen3", "qwen3"), root / "target")
+        self.steps = {
+            "first": dict(),
+            "neutral": dict(extra=NEUTRAL),
+            "longer": dict(extra=["train.max_steps=40"]),
+            "recipe": dict(extra=["train.max_steps=40", "optim.lr=1e-3"]),
+            "force": dict(extra=["train.max_steps=40", "optim.lr=1e-3", "force=[train]"]),
+            # A new run that stops on non-finite steps (NaN losses from step 15 on), then the advice it prints, followed.
+            "nonfinite": dict(extra=["train.max_steps=40", "optim.lr=1e-3", "train.max_nonfinite_steps=2", "force=[train]"],
+                              fault="train.loss@15+:nan"),
+            "advice": dict(extra=["train.max_steps=40", "optim.lr=5e-4", "train.max_nonfinite_steps=2"]),
+            "weights": dict(extra=["train.max_steps=40", "optim.lr=5e-4"], before=lambda: rewrite_weights(self.target)),
+        }
+
+    def __getitem__(self, name: str) -> Rerun:
+        for earlier in self.ORDER[:self.ORDER.index(name) + 1]:
+            if earlier not in self.results and (earlier == name or earlier not in self.ON_REQUEST):
+                self.run(earlier, **self.steps[earlier])
+        return self.results[name]
+
+    def run(self, name, extra=(), before=None, fault=None):
+        out = self.out
         if before:
             before()
         taken = {"store": snapshot(out / "store"), "run": snapshot(out / "run")} if out.exists() else {}
         aside = superseded(out)
-        result = Rerun(target, out, *extra, log=root / f"{name}.log", fault=fault)
+        result = Rerun(self.target, out, *extra, log=self.root / f"{name}.log", fault=fault)
         result.before, result.after = taken, {"store": snapshot(out / "store"), "run": snapshot(out / "run")}
         result.moved = sorted(set(superseded(out)) - set(aside))  # what this rerun moved aside
-        steps[name] = result
+        self.results[name] = result
 
-    step("first")
-    step("neutral", *NEUTRAL)
-    step("longer", "train.max_steps=40")
-    step("recipe", "train.max_steps=40", "optim.lr=1e-3")
-    step("force", "train.max_steps=40", "optim.lr=1e-3", "force=[train]")
-    # A new run that stops on non-finite steps (NaN losses from step 15 on), then the advice it prints, followed.
-    step("nonfinite", "train.max_steps=40", "optim.lr=1e-3", "train.max_nonfinite_steps=2", "force=[train]",
-         fault="train.loss@15+:nan")
-    step("advice", "train.max_steps=40", "optim.lr=5e-4", "train.max_nonfinite_steps=2")
-    step("weights", "train.max_steps=40", "optim.lr=5e-4", before=lambda: rewrite_weights(target))
-    return out, steps
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    chain = Chain(tmp_path_factory.mktemp("reruns"))
+    return chain.out, chain
 
 
 def check(result: Rerun, problems: list, ran: list) -> None:
@@ -197,6 +219,7 @@ def test_a_changed_learning_rate_trains_a_new_run_and_keeps_the_old_one(chain, r
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_force_train_trains_again_and_keeps_the_old_run(chain, record):
     out, steps = chain
     result = steps["force"]
@@ -233,6 +256,7 @@ def test_the_advice_after_non_finite_steps_works_as_printed_in_the_pipeline(chai
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_new_target_weights_at_the_same_path_run_every_stage_again(chain, record):
     out, steps = chain
     result = steps["weights"]
@@ -253,6 +277,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # make test keeps a follower's part in tests/unit/test_pipeline_runner.py and kill/resume in test_kills.py
 def test_two_nodes_killed_and_rerun_keep_their_training(tmp_path, record):
     target = save_tiny_target(REPO / ".cache" / "targets" / "tiny-qwen3", "qwen3")
     out, problems = tmp_path / "out", []

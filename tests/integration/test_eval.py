@@ -1,5 +1,10 @@
 """`python -m blockdraft.eval` end to end on the tiny target, in real vLLM: two drafts, a
-JSONL dataset, greedy and sampled, concurrency 1 and 2; then a rerun that finds every cell done."""
+JSONL dataset, greedy and sampled, concurrency 1 and 2; then a rerun that finds every cell done.
+
+Its three vLLM server starts take minutes on a CPU, so that run is in `make test-slow`; the eval's
+own logic (every cell, the table, the plots, the rerun) is tested in seconds against the fake vLLM
+server in test_eval_logic.py. The DFlash2 test stays in `make test`: it runs on the reference
+engine and starts no server."""
 
 import json
 import subprocess
@@ -51,6 +56,7 @@ def evaluated(reduced_vocab_export, tmp_path_factory):
     return root / "out", first, again, logs
 
 
+@pytest.mark.slow
 def test_eval_writes_every_cell_table_and_plot(evaluated):
     out, first, _, _ = evaluated
     report = json.loads((out / "eval.json").read_text())
@@ -75,6 +81,7 @@ def test_eval_writes_every_cell_table_and_plot(evaluated):
     assert report["drafts"]["barely"]["training"] is None  # trained without validation
 
 
+@pytest.mark.slow
 def test_the_trained_draft_is_accepted_more_than_the_barely_trained_one(evaluated):
     report = json.loads(evaluated[0].joinpath("eval.json").read_text())
     by = {}
@@ -85,6 +92,7 @@ def test_the_trained_draft_is_accepted_more_than_the_barely_trained_one(evaluate
             assert lengths["reduced_vocab"] > lengths["barely"], cell
 
 
+@pytest.mark.slow
 def test_a_rerun_finds_every_cell_done_and_starts_no_server(evaluated):
     out, first, again, logs = evaluated
     assert again.returncode == 0, again.stderr[-3000:]
@@ -94,6 +102,7 @@ def test_a_rerun_finds_every_cell_done_and_starts_no_server(evaluated):
     assert json.loads((out / "eval.json").read_text())["complete"]
 
 
+@pytest.mark.slow
 def test_the_reduced_vocabulary_draft_is_served_with_its_own_head(evaluated):
     out = evaluated[0]
     report = json.loads((out / "eval.json").read_text())
@@ -120,6 +129,7 @@ def test_a_dflash2_draft_the_cpu_vllm_cannot_run_is_evaluated_on_the_reference_e
     assert "(reference engine)" in (tmp_path / "out" / "eval.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_mask_embedding_draft_is_loaded_and_served_losslessly(evaluated):
     out = evaluated[0]
     report = json.loads((out / "eval.json").read_text())
@@ -128,6 +138,7 @@ def test_the_mask_embedding_draft_is_loaded_and_served_losslessly(evaluated):
     assert "Loaded DFlash mask embedding for mask_token_id 262" in (out / "logs" / "vllm_barely.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_draft_saved_as_qwen3dflashdraftmodel_is_served_unchanged_through_the_plugin(evaluated):
     out = evaluated[0]
     report = json.loads((out / "eval.json").read_text())

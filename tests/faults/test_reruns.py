@@ -4,8 +4,7 @@ steps continue the run; a new recipe, force= or new target weights run the stage
 replace kept under <out>/superseded/; two nodes killed part way and rerun keep their training.
 
 The tiny Qwen3 target, served by the reference engine (the vLLM pipeline is tests/integration/test_pipeline.py):
-what is measured here is what a rerun keeps, not what serving computes. force=, new weights and the two
-nodes run in make test-slow (and make test-faults); make test keeps their logic in faster unit tests.
+what is measured here is what a rerun keeps, not what serving computes.
 """
 
 from __future__ import annotations
@@ -26,8 +25,11 @@ from tests.faults.conftest import REPO, WAIT_S
 from tests.unit.test_pipeline_keys import rewrite_weights
 
 BLOCKDRAFT = REPO / ".venv" / "bin" / "blockdraft"
-pytestmark = pytest.mark.skipif(not (REPO / ".venv-serve" / "bin" / "python").exists(),
-                                reason="no serving environment (the serve stage probes it): run `make setup-serve`")
+# Minutes of real pipelines: make test-slow and make test-faults. make test reruns with NEUTRAL knobs in
+# tests/integration/test_pipeline.py and keeps the other reruns' logic in faster tests (its docstring names them).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (REPO / ".venv-serve" / "bin" / "python").exists(),
+                                 reason="no serving environment (the serve stage probes it): run `make setup-serve`")]
 SMALL = ["prompts=tiny", "experiment=tiny_cpu", "regen.num_train=32", "regen.num_heldout=4", "regen.max_tokens=32",
          "regen.backend=transformers", "regen.progress=false", "train.max_steps=30", "train.save_every=10",
          "train.keep_last=10", "train.log_every=10", "train.progress=false", "serve.num_prompts=2", "serve.max_tokens=24",
@@ -92,10 +94,8 @@ def kill_tree(pid: int) -> None:
 class Chain:
     """A finished pipeline, then each rerun in turn on the same out; what each found and left.
 
-    The reruns run in this order, each when a test first asks for it or for a later one. `force` and
-    `weights` run only when asked for (their tests are in make test-slow: tests/unit/test_pipeline_runner.py
-    forces a stage and tests/unit/test_pipeline_keys.py changes the weights in seconds), so make test's
-    chain is first, neutral, longer, recipe, nonfinite, advice."""
+    The reruns run in this order, each when a test first asks for it or for a later one; `force` and
+    `weights` only when their own tests ask for them."""
 
     ORDER = ("first", "neutral", "longer", "recipe", "force", "nonfinite", "advice", "weights")
     ON_REQUEST = ("force", "weights")
@@ -219,7 +219,6 @@ def test_a_changed_learning_rate_trains_a_new_run_and_keeps_the_old_one(chain, r
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.slow
 def test_force_train_trains_again_and_keeps_the_old_run(chain, record):
     out, steps = chain
     result = steps["force"]
@@ -256,7 +255,6 @@ def test_the_advice_after_non_finite_steps_works_as_printed_in_the_pipeline(chai
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.slow
 def test_new_target_weights_at_the_same_path_run_every_stage_again(chain, record):
     out, steps = chain
     result = steps["weights"]
@@ -277,7 +275,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # make test keeps a follower's part in tests/unit/test_pipeline_runner.py and kill/resume in test_kills.py
 def test_two_nodes_killed_and_rerun_keep_their_training(tmp_path, record):
     target = save_tiny_target(REPO / ".cache" / "targets" / "tiny-qwen3", "qwen3")
     out, problems = tmp_path / "out", []

@@ -1,10 +1,15 @@
 """`blockdraft pipeline` end to end on the tiny target: regen -> capture -> train -> export -> serve in
-real vLLM; a second run prints `cached` for every stage. What each kind of rerun keeps (more steps, a new
-recipe, force=, new target weights, two nodes) is tests/faults/test_reruns.py, served by the reference engine.
+real vLLM; a second run with throughput and logging knobs changed prints `cached` for every stage and
+rewrites no file of the store or the run. The other reruns a user makes (more steps, a new recipe, the
+non-finite advice followed, force=, new target weights, two nodes) are tests/faults/test_reruns.py, in
+make test-slow and make test-faults; make test keeps their logic in tests/unit/test_pipeline_runner.py
+(extents, changed settings, force, a stopped run), tests/unit/test_pipeline_keys.py (what changes a key)
+and tests/integration/test_train_resume_changes.py (a run continued on a longer schedule, the advice).
 The early round-cost probe is off here (round_cost=false): its two vLLM start-ups would cost as much as the
 serve stage's. It is tests/integration/test_round_cost_probe.py against the fake vLLM, and in real vLLM
 tests/slow/test_demo_scaled_down.py."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -13,6 +18,7 @@ import sys
 import pytest
 
 from blockdraft.models.tiny_target import save_tiny_target
+from tests.faults.test_reruns import NEUTRAL
 from tests.integration.conftest import REPO
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
@@ -35,6 +41,12 @@ def pipeline(out, *extra):
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
+def snapshot(path):
+    """Every file under `path`: its hash and modification time (a file written again, even alike, differs)."""
+    return {str(p.relative_to(path)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
 def ran(result):
     return [line.split()[2] for line in result.stdout.splitlines() if line.startswith("[pipeline] === ")]
 
@@ -43,7 +55,11 @@ def ran(result):
 def runs(tmp_path_factory):
     save_tiny_target(TARGET, "qwen3")
     out = tmp_path_factory.mktemp("pipeline") / "run"
-    return out, pipeline(out), pipeline(out)
+    first = pipeline(out)
+    before = {part: snapshot(out / part) for part in ("store", "run")}
+    second = pipeline(out, *NEUTRAL)
+    second.rewritten = [part for part in before if snapshot(out / part) != before[part]]
+    return out, first, second
 
 
 def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
@@ -67,8 +83,9 @@ def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
     assert report["pays"]["acceptance_needed"] == report["round_cost"] and "  pays?  " in first.stdout
 
 
-def test_a_second_run_prints_cached_for_every_stage(runs):
-    _, first, second = runs
+def test_a_rerun_with_throughput_and_logging_knobs_changed_caches_every_stage(runs):
+    out, first, second = runs
     assert second.returncode == 0, second.stderr[-3000:]
     assert ran(second) == [] and second.stdout.count(": cached (") == 5, second.stdout[-3000:]
+    assert second.rewritten == [] and not (out / "superseded").exists()  # the store and the run byte for byte
     assert "mean acceptance length" in second.stdout

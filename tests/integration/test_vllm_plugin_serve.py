@@ -46,6 +46,7 @@ def test_a_dflash2_draft_saved_as_qwen3dflash2draftmodel_is_taken_for_dflash2(ti
     assert json.loads((draft / "config.json").read_text())["architectures"] == ["Qwen3DFlash2DraftModel"]
 
 
+@pytest.mark.slow  # the refusal's wording: tests/unit/test_serve_draft_aliases.py, without a vLLM start
 def test_without_the_plugin_the_preflight_says_what_to_install(tmp_path, monkeypatch):
     # VLLM_PLUGINS is vLLM's allow-list of general plugins: naming another one leaves ours out.
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")

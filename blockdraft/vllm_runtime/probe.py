@@ -57,14 +57,16 @@ def probe_vllm(python: str | Path, architecture: str, timeout_s: float = PROBE_T
 def probe_architectures(python: str | Path, architectures: List[str], timeout_s: float = PROBE_TIMEOUT_S) -> dict:
     """{architecture: VllmInfo} from one start of the serving interpreter (vLLM imports once).
 
-    Answers are kept for this process: an eval of several drafts, or a gate run after a
-    training run, asks the same interpreter the same question again, and each start costs
-    seconds of importing vLLM. The key holds every VLLM_* variable, which change the answer.
+    Answers are kept for this process, one per architecture: an eval of several drafts, or a gate
+    run after a training run, asks the same interpreter the same question again, and each start
+    costs seconds of importing vLLM. The key holds every VLLM_* variable, which change the answer.
     """
-    key = (str(python), tuple(architectures), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_"))))
-    if key not in _ANSWERS:
-        _ANSWERS[key] = _ask(python, architectures, timeout_s)
-    return dict(_ANSWERS[key])
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_")))
+    missing = [arch for arch in architectures if (str(python), arch, env) not in _ANSWERS]
+    if missing:  # one start for every architecture not asked yet; each answer is kept on its own
+        for arch, info in _ask(python, missing, timeout_s).items():
+            _ANSWERS[(str(python), arch, env)] = info
+    return {arch: _ANSWERS[(str(python), arch, env)] for arch in architectures}
 
 
 _ANSWERS: dict = {}

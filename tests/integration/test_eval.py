@@ -3,8 +3,8 @@ JSONL dataset, greedy and sampled, concurrency 1 and 2; then a rerun that finds 
 
 Its three vLLM server starts take minutes on a CPU, so that run is in `make test-slow`; the eval's
 own logic (every cell, the table, the plots, the rerun) is tested in seconds against the fake vLLM
-server in test_eval_logic.py. The DFlash2 test stays in `make test`: it runs on the reference
-engine and starts no server."""
+server in test_eval_logic.py, the DFlash2 draft on the reference engine there too (here it asks the
+real serving vLLM, an import of seconds, which the other make-test vLLM checks already pay)."""
 
 import json
 import subprocess
@@ -113,6 +113,7 @@ def test_the_reduced_vocabulary_draft_is_served_with_its_own_head(evaluated):
     assert "Keeping separate lm_head weights" in (out / "logs" / "vllm_reduced_vocab.log").read_text()
 
 
+@pytest.mark.slow  # make test: the same in test_eval_logic.py, with the vLLM probe's answer stood in for
 def test_a_dflash2_draft_the_cpu_vllm_cannot_run_is_evaluated_on_the_reference_engine(tiny_dflash2_run, tmp_path):
     export = _export(tiny_dflash2_run, tmp_path / "dflash2")
     argv = [sys.executable, "-m", "blockdraft.eval", f"target={TARGET}", f"drafts=[{export}]", "datasets=[tiny]",

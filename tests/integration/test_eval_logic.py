@@ -113,3 +113,27 @@ def test_a_rerun_finds_every_cell_done_and_starts_no_server(evaluated):
     assert {p.name: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
     assert again["complete"] and again["results"] == first["results"]
     assert json.loads((out / "eval.json").read_text())["complete"]
+
+
+def test_a_dflash2_draft_the_cpu_vllm_cannot_run_is_evaluated_on_the_reference_engine(tiny_dflash2_run, tmp_path,
+                                                                                     monkeypatch):
+    """The same as test_eval.py's (make test-slow), with the serving vLLM's answer stood in for: a CPU
+    vLLM that has no DFlash2 runner, so no server starts and the reference engine decodes every cell."""
+    from blockdraft.export.writer import export_draft
+
+    from tests.integration.conftest import REPO
+
+    export_draft(tiny_dflash2_run, tmp_path / "dflash2", dtype="float32")
+    export, target = tmp_path / "dflash2", REPO / ".cache" / "targets" / "tiny-qwen3"  # the run's own target
+    registered = {**INFO_FIELDS, "dflash_archs": ["DFlashDraftModel", "DFlash2DraftModel"]}  # vLLM 0.32 on a CPU
+    monkeypatch.setattr(runner, "probe_vllm", lambda *_: VllmInfo(**registered))
+    report, _, stderr = _run([f"target_dir={target}", f"drafts=[{export}]", "datasets=[tiny]",
+                              "settings=[greedy,sampled]", "sampling.sampled.top_k=0", "concurrency=[1,2]",
+                              "num_prompts=2", "max_tokens=16", f"vllm_python={write_fake_python(tmp_path / 'py')}",
+                              f"out={tmp_path / 'out'}"])
+    assert "REFERENCE ENGINE" in stderr and "starting vLLM" not in stderr  # no vLLM draft: no server
+    assert report["complete"] and {r["concurrency"] for r in report["results"]} == {1}
+    assert all(r["engine"] == "reference" and r["speedup"] > 0 for r in report["results"])
+    assert [r["lossless"] for r in report["results"] if r["setting"] == "greedy"] == [True]
+    assert len(report["not_run"]) == 2 and "concurrency 2" in report["not_run"][0]
+    assert "(reference engine)" in (tmp_path / "out" / "eval.md").read_text()

@@ -28,10 +28,19 @@ pytestmark = [
 ]
 
 
+BASE_FAMILY = "Qwen3ForCausalLM"  # the tiny target's: the control, and the answer the later vLLM tests reuse
+
+
 @pytest.fixture(scope="module")
 def vllm_answers():
-    """What the serving vLLM says of every family, from one start of its interpreter."""
-    return probe_architectures(SERVE_PYTHON, list(FAMILIES.values()))
+    """What the serving vLLM says of every family, from one start of its interpreter (the probe keeps each
+    answer for this process, so the gate and the plugin tests on the tiny Qwen3 import vLLM no more)."""
+    return probe_architectures(SERVE_PYTHON, [*FAMILIES.values(), BASE_FAMILY])
+
+
+def test_the_serving_vllm_knows_the_base_family(vllm_answers):
+    answer = vllm_answers[BASE_FAMILY]
+    assert answer.arch_known and answer.arch_error is None and "DFlashDraftModel" in answer.dflash_archs
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

@@ -2,22 +2,37 @@
 run's schedule, a smaller one leaves the run as it is, a lower optim.lr (the advice after non-finite steps)
 is the rate the run continues at; and the trainer state is loaded as data, never as code."""
 
+import contextlib
+import io
 import json
 import math
 
+import pytest
 import torch
 
 from blockdraft.integrity import write_checksums
 from blockdraft.train.logger import read_metrics
-from tests.integration.test_train_tiny import _launch
+from tests.integration.conftest import REPO, tiny_overrides
 
 BASE = ["data.val=null", "train.log_every=1", "train.save_every=10", "train.keep_last=10", "optim.warmup_ratio=0.1"]
 
 
 def train(run_dir, *args, fault=None):
-    proc = _launch([*BASE, *args], run_dir, extra_env={"BLOCKDRAFT_FAULT": fault} if fault else None)
-    out, _ = proc.communicate(timeout=600)
-    return proc.returncode, out.decode()
+    """`blockdraft train` with these words, in this process: the same entry, exit status and output as the
+    command (tests/unit/test_cli.py holds the command to its module), without importing torch again for
+    each of the runs here and in test_train_max_minutes.py."""
+    from blockdraft import cli, faults
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        mp.chdir(REPO)  # the recipe's relative .cache paths
+        mp.setattr(faults, "_hits", {})  # a fault point counts its passes from this run's start
+        if fault:
+            mp.setenv("BLOCKDRAFT_FAULT", fault)
+        else:
+            mp.delenv("BLOCKDRAFT_FAULT", raising=False)
+        code = cli.main(["train", *tiny_overrides(run_dir, *BASE, *args)])
+    return code, out.getvalue()
 
 
 def logged_lr(run_dir):

@@ -43,6 +43,9 @@ def _launch(args, run_dir, nproc=1, extra_env=None):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+# Slow (make test-slow): make test's tests/integration/test_distributed.py runs two ranks under torchrun and
+# compares their rows and step-4 checkpoint with one rank's (a second writer's rows would break the pairing).
+@pytest.mark.slow
 def test_torchrun_two_processes_on_cpu(tmp_path):
     proc = _launch(["train.max_steps=20"], tmp_path / "run", nproc=2)
     out, _ = proc.communicate(timeout=300)

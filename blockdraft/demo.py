@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from blockdraft.config.cfg_flag import split_cfg_job
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.pipeline import app
 from blockdraft.pipeline.runner import Stage
-from blockdraft.config.cfg_flag import split_cfg_job
 from blockdraft.pipeline.settings import PipelineSettings, keys_help, parse_overrides
 
 TARGET_DIR = ".cache/targets/smollm2-135m-instruct"

@@ -28,10 +28,10 @@ def first_mask_candidate(target_dir) -> Optional[Tuple[int, str]]:
 
 def missing_mask_message(target_dir) -> str:
     """The refusal for an unset draft.mask_token_id, naming the candidate to add."""
-    candidate = first_mask_candidate(target_dir)
     listing = f"`blockdraft suggest target={target_dir}` lists the candidates"
     if not target_dir or not (Path(target_dir) / "config.json").is_file():
         return f"draft.mask_token_id is not set and has no default: pick a reserved, rarely used token of the target ({listing})."
+    candidate = first_mask_candidate(target_dir)
     if candidate is None:
         return ("draft.mask_token_id is not set and has no default, and the target offers no reserved special token: "
                 f"pick a rarely used token id of its vocabulary ({listing}).")

@@ -124,13 +124,11 @@ def export_dtype(cfg: GateConfig) -> str:
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
-def choose_mask_token(cfg: GateConfig, out: Path) -> None:
+def choose_mask_token(cfg: GateConfig) -> None:
     """Where neither the recipe nor the overrides set draft.mask_token_id, take suggest's first candidate:
     the gate checks fidelity, which any reserved token serves; the choice is said and kept in the overrides."""
     from blockdraft.models.mask_choice import first_mask_candidate, missing_mask_message
 
-    if training_config(cfg, out, 1).draft.mask_token_id is not None:
-        return
     candidate = first_mask_candidate(cfg.target)
     if candidate is None:
         raise ConfigError(missing_mask_message(cfg.target))
@@ -146,8 +144,11 @@ def check_before_work(cfg: GateConfig, out: Path) -> None:
 
     from blockdraft.train.setup import check_config
 
-    choose_mask_token(cfg, out)
-    check_config(OmegaConf.to_object(training_config(cfg, out, 1)), data_ready=False)
+    composed = training_config(cfg, out, 1)
+    if composed.draft.mask_token_id is None:
+        choose_mask_token(cfg)
+        composed = training_config(cfg, out, 1)
+    check_config(OmegaConf.to_object(composed), data_ready=False)
 
 
 def training_config(cfg: GateConfig, out: Path, reply_length: int, steps: Optional[int] = None):
@@ -347,9 +348,8 @@ def print_config(cfg: GateConfig) -> None:
 
 
 def main(argv: List[str]) -> int:
-    from blockdraft.serve.cli import USER_ERRORS
-
     from blockdraft.config.cfg_flag import split_cfg_job
+    from blockdraft.serve.cli import USER_ERRORS
 
     if any(a in ("-h", "--help") for a in argv):
         print(usage())

@@ -9,7 +9,6 @@ The early round-cost probe is off here (round_cost=false): its two vLLM start-up
 serve stage's. It is tests/integration/test_round_cost_probe.py against the fake vLLM, and in real vLLM
 tests/slow/test_demo_scaled_down.py."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -18,7 +17,7 @@ import sys
 import pytest
 
 from blockdraft.models.tiny_target import save_tiny_target
-from tests.faults.test_reruns import NEUTRAL
+from tests.faults.test_reruns import NEUTRAL, snapshot
 from tests.integration.conftest import REPO
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
@@ -39,12 +38,6 @@ def pipeline(out, *extra):
     argv = [str(BLOCKDRAFT), "pipeline", f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", *SMALL, *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-
-
-def snapshot(path):
-    """Every file under `path`: its hash and modification time (a file written again, even alike, differs)."""
-    return {str(p.relative_to(path)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def ran(result):

@@ -100,7 +100,9 @@ class Concrete:
         self.scratch, self.targets = scratch, targets  # targets: shape name -> directory
 
     def target_for(self, value: str, words: List[str]) -> str:
-        if value in self.group_names() and not Path(value).is_dir():
+        from blockdraft.config.target_argument import target_groups
+
+        if value in target_groups() and not Path(value).is_dir():
             return value  # a config group (tiny, smollm2_135m, ...), not a directory
         if Path(value).is_dir() and (Path(value) / "config.json").is_file():
             return value
@@ -109,10 +111,6 @@ class Concrete:
             if name in shape:
                 return str(directory)
         return str(self.targets["tiny"])
-
-    @staticmethod
-    def group_names() -> List[str]:
-        return [p.stem for p in (REPO / "configs" / "target").glob("*.yaml")]
 
     def value(self, key: str, value: str, words: List[str]) -> str:
         choice = re.fullmatch(r"<([^<>|]+)\|[^<>]*>", value)

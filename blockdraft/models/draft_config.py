@@ -12,7 +12,9 @@ from typing import List, Optional
 
 from blockdraft.errors import ConfigError
 
-DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino")
+DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino", "dspark")
+# vLLM 0.32 implements only the first-order Markov head for Qwen3 DSpark drafts (qwen3_dspark.py).
+MARKOV_HEAD_TYPES = ("vanilla",)
 
 
 @dataclass
@@ -50,6 +52,13 @@ class DraftModelConfig:
     # Domino only: the GRU state's width and the rank of the logit correction (models/domino.py).
     correction_hidden_size: int = 1024
     correction_rank: int = 256
+    # DSpark only (models/dspark.py): the Markov head's rank and type, the confidence head, the block layout.
+    markov_rank: int = 256
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    sample_from_anchor: bool = True
+    dspark_draft_topk: Optional[int] = None
     # Token ids the mask token must never alias (pad/eos/bos); checked, not serialised.
     forbidden_mask_ids: List[int] = field(default_factory=list)
 
@@ -73,6 +82,8 @@ class DraftModelConfig:
             self._validate_dflash2()
         if self.kind == "domino":
             self._validate_domino()
+        if self.kind == "dspark":
+            self._validate_dspark()
         if self.draft_vocab_size is not None:
             self._validate_draft_vocab()
         return self
@@ -115,6 +126,43 @@ class DraftModelConfig:
         for key in ("correction_hidden_size", "correction_rank"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"draft.{key}={getattr(self, key)}: set it >= 1 (1024 and 256 are the published sizes).")
+
+    def _validate_dspark(self) -> None:
+        if self.markov_rank < 1:
+            raise ConfigError(
+                f"draft.markov_rank={self.markov_rank}: vLLM's DSpark always builds its Markov head, so set it >= 1 "
+                "(256 is speculators' default); for a draft without one, train draft=dflash."
+            )
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise ConfigError(
+                f"draft.markov_head_type={self.markov_head_type!r}: vLLM 0.32's Qwen3 DSpark drafter implements only "
+                f"{list(MARKOV_HEAD_TYPES)} (qwen3_dspark.py DSparkMarkovHead); its loader would refuse the extra "
+                "weights of a gated or rnn head. Set draft.markov_head_type=vanilla."
+            )
+        if self.train_mask_embedding:
+            raise ConfigError(
+                "draft.train_mask_embedding=true with draft.kind=dspark: vLLM's DSpark drafter embeds the MASK slots "
+                "with the target's row for the mask token and ignores a mask embedding (qwen3_dspark.py load_weights "
+                "drops it). Set draft.train_mask_embedding=false."
+            )
+        vocab = self.draft_vocab_size or self.vocab_size
+        if self.dspark_draft_topk is not None and not 1 <= self.dspark_draft_topk <= vocab:
+            raise ConfigError(
+                f"draft.dspark_draft_topk={self.dspark_draft_topk} must be in [1, {vocab}] (the draft's vocabulary), "
+                "or null to apply the Markov head to every token, as vLLM checks (config/speculative.py)."
+            )
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """The tokens one round drafts. DSpark with sample_from_anchor predicts from every slot, anchor
+        included (vLLM's DSpark speculator: N query slots, N drafts); every other layout drafts from the
+        MASK slots only (1 + N query slots)."""
+        return self.block_size if self.anchor_predicts else self.block_size - 1
+
+    @property
+    def anchor_predicts(self) -> bool:
+        """Slot q's output predicts the token after it (DSpark's sample_from_anchor layout), not its own."""
+        return self.kind == "dspark" and self.sample_from_anchor
 
     @property
     def is_causal(self) -> bool:

@@ -17,7 +17,7 @@ class DraftConfig:
     """Schema of the `draft` config group."""
 
     kind: str = "dflash"
-    """One of DRAFT_KINDS (models/draft_config.py): dflash | dflash2 | jetspec | domino."""
+    """One of DRAFT_KINDS (models/draft_config.py): dflash | dflash2 | jetspec | domino | dspark."""
     num_layers: int = 1
     """Draft decoder layers."""
     block_size: int = 16
@@ -58,6 +58,19 @@ class DraftConfig:
     """Domino: width of the GRU state; null = min(hidden_size, 1024) (1024: the published recipe's)."""
     correction_rank: int = 256
     """Domino: rank of the low-rank logit correction."""
+    markov_rank: int = 256
+    """DSpark: rank of the Markov head (markov_w1: target vocab x rank, markov_w2: rank x draft vocab)."""
+    markov_head_type: str = "vanilla"
+    """DSpark: the Markov head's form; vLLM 0.32 serves vanilla only (a bias from the previous token alone)."""
+    enable_confidence_head: bool = True
+    """DSpark: train the per-slot acceptance head vLLM's adaptive verification reads."""
+    confidence_head_with_markov: bool = True
+    """DSpark: the confidence head also reads the previous token's Markov embedding (ignored without the head)."""
+    sample_from_anchor: bool = True
+    """DSpark: every slot, the anchor's included, predicts the next token (block_size drafts a round); false =
+    the DFlash layout (block_size - 1 drafts from the MASK slots)."""
+    dspark_draft_topk: Optional[int] = None
+    """DSpark: apply the Markov head to the backbone's k best tokens only (vLLM's dspark_draft_topk); null = all."""
 
 
 def _rope_theta(target_config) -> float:
@@ -82,6 +95,21 @@ def _domino_sizes(draft: DraftConfig, hidden: int) -> dict:
         return {}
     state = draft.correction_hidden_size if draft.correction_hidden_size is not None else min(hidden, 1024)
     return {"correction_hidden_size": state, "correction_rank": draft.correction_rank}
+
+
+def _dspark_settings(draft: DraftConfig) -> dict:
+    # Other kinds keep the dataclass defaults, so their saved configs (and resume checks) never change.
+    if draft.kind != "dspark":
+        return {}
+    return {
+        "markov_rank": draft.markov_rank,
+        "markov_head_type": draft.markov_head_type,
+        "enable_confidence_head": draft.enable_confidence_head,
+        # vLLM reads it only with the head; a config without the head says so once.
+        "confidence_head_with_markov": draft.confidence_head_with_markov and draft.enable_confidence_head,
+        "sample_from_anchor": draft.sample_from_anchor,
+        "dspark_draft_topk": draft.dspark_draft_topk,
+    }
 
 
 def resolve_layer_ids(draft: DraftConfig, target_config) -> List[int]:
@@ -129,6 +157,7 @@ def resolve_draft_config(
         selector_rank=draft.selector_rank,
         selector_top_k=draft.selector_top_k,
         **_domino_sizes(draft, hidden),
+        **_dspark_settings(draft),
         # Supported targets (Qwen/Llama families) have no embedding scale or logit transform,
         # so input_embedding_scale / output_multiplier / softcapping keep their identity defaults.
         forbidden_mask_ids=list(forbidden_mask_ids),

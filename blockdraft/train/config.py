@@ -54,6 +54,13 @@ class LoopConfig:
     """variable_prefix: P(prefix = l) proportional to base**(l-1)."""
     selector_loss_weight: float = 1.0
     """DFlash2: weight of the selector CE (0 = the DFlash loss)."""
+    confidence_weight: float = 1.0
+    """DSpark: weight of the confidence head's BCE (speculators' confidence_head_alpha, 1.0)."""
+    confidence_target: str = "greedy"
+    """DSpark: what the confidence head learns to predict per slot. greedy: the target's probability of the
+    draft's argmax token, what vLLM realises with its default draft_sample_method=greedy (with hard labels, 1
+    when the argmax is the label) | overlap: sum_v min(q_v, p_v), speculators' 1 - TV for sampled drafts
+    (with hard labels, q(label))."""
     feature_noise_std: float = 0.0
     """Std of Gaussian noise added to the target's features while training (never in validation); 0 = off."""
     loss_chunk_size: int = 0

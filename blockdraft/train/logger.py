@@ -100,7 +100,13 @@ def summarize(sums: dict, world_tokens: Optional[float] = None) -> dict:
         out["kl_rows_without_teacher"] = int(sums["kl_rows_without_teacher"])
     if "labels_outside_vocab" in sums:
         out["label_outside_vocab_share"] = float(sums["labels_outside_vocab"] / sums["slot_supervised"].sum().clamp_min(1))
-    if "correction_base_correct" in sums:  # Domino: the backbone's own accuracy, beside the corrected acc_per_slot
+    if "confidence_loss_sum" in sums:  # DSpark: the confidence head's loss and its calibration over all slots
+        m = sums["slot_supervised"].sum().clamp_min(1)
+        out["confidence_loss"] = float(sums["confidence_loss_sum"] / sums["micro_batches"])
+        out["confidence_mean"] = float(sums["confidence_predicted_sum"] / m)
+        out["confidence_target_mean"] = float(sums["confidence_target_sum"] / m)
+        out["confidence_abs_error"] = float(sums["confidence_abs_error_sum"] / m)
+    if "correction_base_correct" in sums:  # Domino, DSpark: the backbone's own accuracy, beside the corrected acc_per_slot
         out["base_acc"] = float(sums["correction_base_correct"] / sums["slot_supervised"].sum().clamp_min(1))
     if "selector_loss_sum" in sums:
         m = sums["slot_supervised"].sum().clamp_min(1)

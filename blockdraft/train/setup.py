@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from blockdraft.errors import ConfigError
 from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.confidence import CONFIDENCE_TARGETS
 from blockdraft.train.optim import check_optim_config
 from blockdraft.train.target_sharding import check_strategy
 
@@ -78,6 +79,10 @@ def check_loss_weights(t) -> None:
                           "(3 is the default).")
     if t.ce_weight < 0 or t.kl_weight < 0 or t.ce_weight + t.kl_weight == 0:
         raise ConfigError(f"train.ce_weight={t.ce_weight}, train.kl_weight={t.kl_weight}: use weights >= 0, not both 0.")
+    if t.confidence_target not in CONFIDENCE_TARGETS:
+        raise ConfigError(f"train.confidence_target={t.confidence_target!r}: use one of {list(CONFIDENCE_TARGETS)}.")
+    if t.confidence_weight < 0:
+        raise ConfigError(f"train.confidence_weight={t.confidence_weight}: use a weight >= 0 (0 leaves the confidence head untrained).")
     if t.kl_weight > 0 and t.teacher_top_k is not None and t.teacher_top_k < 0:
         raise ConfigError(f"train.teacher_top_k={t.teacher_top_k}: keep at least the target's best token (32 is usual), "
                           "or null for its full distribution.")

@@ -1,12 +1,17 @@
 """One micro-batch: capture target features, draw blocks, run the draft, compute losses/metrics.
 
 Data flows: batch -> features -> anchors/blocks/mask -> draft hidden -> logits of the
-supervised slots -> block CE (+ DFlash2 selector CE; Domino: on its corrected logits) and the
-metrics serving will see.
+supervised slots -> block CE (+ DFlash2 selector CE; Domino and DSpark: on their corrected logits;
+DSpark: + its confidence head's BCE) and the metrics serving will see.
+
+Blocks are drawn in the label layout, [anchor, one slot per drafted token], whatever the draft
+feeds itself: a DSpark draft whose anchor predicts (`sample_from_anchor`) is fed the first B of
+those B + 1 slots, and slot q's output is read as the prediction of label slot q + 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -18,9 +23,11 @@ from torch.utils.checkpoint import checkpoint
 from blockdraft import faults
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
+from blockdraft.models.dspark import DSparkDraftModel
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
+from blockdraft.train.confidence import acceptance_target, confidence_loss
 from blockdraft.train.features import batch_features, batch_features_and_final
 from blockdraft.train.losses import (
     chunked_cross_entropy_rows,
@@ -77,8 +84,9 @@ def draw_blocks(batch: dict, cfg: LoopConfig, block_size: int, mask_token_id: in
 def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generator, backend: str = "sdpa") -> StepResult:
     module = getattr(draft, "module", draft)  # DDP wraps the draft; its config stays on the module
     dcfg = module.config
-    b = dcfg.block_size
+    b = dcfg.num_speculative_tokens + 1  # the label block: the anchor and one slot per drafted token
     blocks = draw_blocks(batch, cfg, b, dcfg.mask_token_id, generator)
+    fed, b_fed = fed_blocks(blocks, dcfg)
     started = _now(batch["input_ids"].device)
     # From a feature store the batch carries the target's features; online, the target runs now
     # (through its last layer when soft labels need its distribution).
@@ -93,12 +101,15 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     target_seconds = _now(batch["input_ids"].device) - started
     if cfg.feature_noise_std and draft.training:
         features = add_feature_noise(features, cfg.feature_noise_std, generator)
-    mask = block_attention_mask(blocks, batch, b, backend, dcfg.sliding_window, dcfg.is_causal)
+    mask = block_attention_mask(fed, batch, b_fed, backend, dcfg.sliding_window, dcfg.is_causal)
     ctx_kv = module.context_kv(features, batch["position_ids"])
-    embeds = module.embed(blocks.block_ids, target.embed_tokens)  # [N, A*B, H]
-    hidden = draft(embeds, blocks.block_position_ids, ctx_kv, mask, b)  # [N, A*B, H]
+    embeds = module.embed(fed.block_ids, target.embed_tokens)  # [N, A*B_fed, H]
+    hidden = draft(embeds, fed.block_position_ids, ctx_kv, mask, b_fed)  # [N, A*B_fed, H]
     n, a = blocks.anchors.shape
-    hidden = hidden.view(n, a, b, -1)  # [N, A, B, H]
+    hidden = hidden.view(n, a, b_fed, -1)
+    if b_fed < b:  # slot q predicts label slot q + 1; label slot 0 (the anchor) is never supervised
+        hidden = F.pad(hidden, (0, 0, 1, 0))
+    # hidden: [N, A, B, H]
     sup = blocks.label_mask  # [N, A, B]
     h_sup = hidden[sup]  # [M, H]
     labels = blocks.labels[sup]  # [M] target ids
@@ -115,11 +126,15 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         base_pred = _chunked_argmax(module, h_sup, lm_head, chunk or max(1, len(h_sup)))
         states = module.correction_states(blocks.predecessors, target.embed_tokens)  # [N, A, B, S]
         h_sup, lm_head = module.joint_hidden(h_sup, states[sup]), module.joint_head(lm_head)  # [M, H+R], [V, H+R]
+    if isinstance(module, DSparkDraftModel):
+        # Teacher-forced Markov head: each slot's previous token is the true one, as speculators trains it.
+        base_pred = _chunked_argmax(module, h_sup, lm_head, chunk or max(1, len(h_sup)))
+        h_sup, lm_head = module.joint_hidden(h_sup, blocks.predecessors[sup]), module.joint_head(lm_head)  # [M, H+r]
     if chunk:
         ce = chunked_cross_entropy_rows(h_sup, lm_head, loss_labels, chunk, _transform(module))  # [M]
         pred_sup, logits = _chunked_argmax(module, h_sup, lm_head, chunk), None
     else:
-        logits = module.draft_logits(h_sup, lm_head)  # [M, V_draft]
+        logits = module.transform_logits(F.linear(h_sup, lm_head))  # [M, V_draft]
         ce = F.cross_entropy(logits.float(), loss_labels, reduction="none")  # [M]
         pred_sup = logits.argmax(-1)
     weights = position_weights(cfg, blocks, sup, ce, outside)  # [M]
@@ -135,6 +150,8 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         loss = loss + cfg.kl_weight * kl_loss
         sums["kl_sum"] = kl_loss.detach() * 1.0
         sums["kl_rows_without_teacher"] = (~taught).sum().float()
+    if isinstance(module, DSparkDraftModel) and module.confidence_head is not None:
+        loss = _add_confidence_loss(module, cfg, h_sup, pred_sup, loss_labels, ce, outside, weights, block_ids, norm, loss, sums)
     loss = faults.corrupt("train.loss", loss)
     sums["loss_sum"] = loss.detach() * 1.0
     pred_sup = module.to_target_ids(pred_sup)
@@ -150,6 +167,36 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
     return StepResult(loss, sums, pred, blocks)
+
+
+def fed_blocks(blocks: BlockBatch, dcfg) -> tuple:
+    """The slots the draft is fed and how many per block: the label blocks themselves, or for a DSpark
+    draft whose anchor predicts, their first B slots ([anchor, MASK x (B-1)] at positions a..a+B-1)."""
+    b = blocks.labels.shape[-1]
+    if not dcfg.anchor_predicts:
+        return blocks, b
+    n, a = blocks.anchors.shape
+
+    def first(x):
+        return x.view(n, a, b)[..., : b - 1].reshape(n, a * (b - 1))
+
+    return dataclasses.replace(blocks, block_ids=first(blocks.block_ids), block_position_ids=first(blocks.block_position_ids)), b - 1
+
+
+def _add_confidence_loss(module, cfg: LoopConfig, joint, pred, labels, ce, outside, weights, block_ids, norm, loss, sums):
+    """DSpark: the confidence head's BCE against each slot's acceptance (train/confidence.py), weighted and
+    normalised as the block loss is (speculators weights it with the same position decay)."""
+    logits = module.confidence_logits(joint)  # [M]
+    target = acceptance_target(cfg.confidence_target, pred, labels, ce, outside)  # [M]
+    conf_loss = normalized_loss(confidence_loss(logits, target), weights, block_ids, norm)
+    predicted = logits.detach().float().sigmoid()
+    sums.update({
+        "confidence_loss_sum": conf_loss.detach() * 1.0,
+        "confidence_predicted_sum": predicted.sum(),
+        "confidence_target_sum": target.sum(),
+        "confidence_abs_error_sum": (predicted - target).abs().sum(),
+    })
+    return loss + cfg.confidence_weight * conf_loss if cfg.confidence_weight else loss
 
 
 def position_weights(cfg: LoopConfig, blocks, sup, ce, outside) -> torch.Tensor:

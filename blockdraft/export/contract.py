@@ -35,6 +35,8 @@ def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
         shapes.update(_selector_shapes(cfg))
     if cfg.kind == "domino":
         shapes.update(_correction_shapes(cfg))
+    if cfg.kind == "dspark":
+        shapes.update(_dspark_head_shapes(cfg))
     if cfg.train_mask_embedding:
         # In a checkpoint a tensor like any other; an export keeps it in mask_embedding.pt.
         shapes["mask_embedding"] = (h,)
@@ -93,6 +95,23 @@ def _correction_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
         "correction.down.weight": (r, h + s),
         "correction.up.weight": (cfg.vocab_size, r),
     }
+
+
+def _dspark_head_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
+    """vLLM's DSparkMarkovHead and DSparkConfidenceHead (qwen3_dspark.py), under the loader's `model.` prefix."""
+    r = cfg.markov_rank
+    shapes: Dict[str, Shape] = {
+        "markov_head.markov_w1.weight": (cfg.vocab_size, r),
+        "markov_head.markov_w2.weight": (cfg.draft_vocab_size or cfg.vocab_size, r),
+    }
+    if cfg.enable_confidence_head:
+        shapes["confidence_head.proj.weight"] = (1, cfg.hidden_size + (r if cfg.confidence_head_with_markov else 0))
+        shapes["confidence_head.proj.bias"] = (1,)
+    return shapes
+
+
+def is_dspark_only(name: str) -> bool:
+    return name.startswith(("markov_head.", "confidence_head."))
 
 
 def is_domino_only(name: str) -> bool:

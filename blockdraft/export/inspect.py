@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import contract_problems
 from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files, with_mask_embedding
-from blockdraft.export.model_card import serve_command, shape_line
+from blockdraft.export.model_card import drafted_tokens_note, serve_command, shape_line
 from blockdraft.export.reference_only import SERVING_NOTE_KEY, vllm_servable
 from blockdraft.export.source import resolve_checkpoint
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
@@ -37,8 +37,8 @@ def describe(directory: str | Path) -> str:
         f"  dtype: {', '.join(dtypes)}   tensors: {len(headers)} in {len(weight_files(weights_dir))} file(s)   "
         f"size on disk: {_human(_disk_size(directory))}",
         "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),
-        f"  serve with num_speculative_tokens = {cfg.block_size - 1} (block_size - 1):",
-        f"    {serve_command(_recorded_target(directory), directory.absolute(), cfg.block_size, cfg.kind)}",
+        f"  serve with {drafted_tokens_note(cfg)}:",
+        f"    {serve_command(_recorded_target(directory), directory.absolute(), cfg)}",
     ]
     return "\n".join(lines)
 

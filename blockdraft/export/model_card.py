@@ -12,13 +12,25 @@ from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES
 from blockdraft.models.draft_config import DraftModelConfig
 
 
-def serve_command(target: Optional[str], draft_dir: str | Path, block_size: int, kind: str = "dflash") -> str:
-    """The vLLM command for this draft; num_speculative_tokens = block_size - 1 (vLLM never checks it).
-    A kind vLLM cannot serve gets the reference engine's command instead."""
-    if kind in REASONS:
+def serve_command(target: Optional[str], draft_dir: str | Path, cfg: DraftModelConfig) -> str:
+    """The vLLM command for this draft with the trained number of drafted tokens (vLLM never checks
+    it). A kind vLLM cannot serve gets the reference engine's command instead."""
+    if cfg.kind in REASONS:
         return f"python -m blockdraft.serve draft={draft_dir} target={target or '<target>'} engine=reference"
-    spec = json.dumps({"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": block_size - 1})
+    spec = json.dumps({"method": vllm_method(cfg), "model": str(draft_dir), "num_speculative_tokens": cfg.num_speculative_tokens})
     return f"vllm serve {target or '<target>'} --speculative-config '{spec}'"
+
+
+def vllm_method(cfg: DraftModelConfig) -> str:
+    """vLLM's speculative method: `dspark` for a DSpark draft (its V2 GPU runner), `dflash` for the rest."""
+    return "dspark" if cfg.kind == "dspark" else "dflash"
+
+
+def drafted_tokens_note(cfg: DraftModelConfig) -> str:
+    """How num_speculative_tokens follows from the block, in the draft's layout."""
+    if cfg.anchor_predicts:
+        return f"num_speculative_tokens = block_size = {cfg.block_size} (every slot, the anchor's included, predicts)"
+    return f"num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}"
 
 
 def shape_line(cfg: DraftModelConfig) -> str:
@@ -36,7 +48,7 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
         "# Choose a license before publishing; the target model's terms usually apply to the draft too.",
         "license:",
         f"base_model: {target_name}",
-        "tags: [speculative-decoding, dflash, " + ("domino]" if cfg.kind == "domino" else "vllm]"),
+        "tags: [speculative-decoding, dflash, " + {"domino": "domino]", "dspark": "dspark, vllm]"}.get(cfg.kind, "vllm]"),
         "---",
         "",
         f"# {kind_title(cfg)} draft for {target_name}",
@@ -59,7 +71,7 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
 
 
 def _serve_lines(cfg: DraftModelConfig, target: Optional[str], out_dir: Path) -> list:
-    command = ["```", serve_command(target, out_dir, cfg.block_size, cfg.kind), "```", ""]
+    command = ["```", serve_command(target, out_dir, cfg), "```", ""]
     if cfg.kind in REASONS:
         return [
             f"**Not servable by vLLM**: {REASONS[cfg.kind]}; config.json says so (`vllm_servable: false`). "
@@ -67,15 +79,15 @@ def _serve_lines(cfg: DraftModelConfig, target: Optional[str], out_dir: Path) ->
             "", *command,
         ]
     return command + [
-        f"Serve with `num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}`: vLLM does not read the "
-        "trained block size and accepts any other value without warning.",
+        f"Serve with `{drafted_tokens_note(cfg)}`: vLLM does not check it against the trained block "
+        "and accepts any other value without warning.",
         "",
     ]
 
 
 def kind_title(cfg: DraftModelConfig) -> str:
     return {"dflash": "DFlash", "dflash2": "DFlash2", "jetspec": "JetSpec (causal DFlash)",
-            "domino": "Domino (DFlash + GRU correction)"}.get(cfg.kind, cfg.kind)
+            "domino": "Domino (DFlash + GRU correction)", "dspark": "DSpark (DFlash + Markov and confidence heads)"}.get(cfg.kind, cfg.kind)
 
 
 def _metric_lines(source: CheckpointSource) -> list:

@@ -7,8 +7,8 @@ comparisons:
 - against the trained module with its weights rounded to the export dtype: must be
   exact up to fp32 noise, so any config or name drift shows however small;
 - against the trained module as it is: within a tolerance for the dtype's rounding.
-DFlash2 also compares the selector's scores and Domino its corrected logits, which the base
-logits never touch.
+DFlash2 also compares the selector's scores, Domino its corrected logits, and DSpark its
+Markov-corrected logits and confidence logits, which the base logits never touch.
 """
 
 from __future__ import annotations
@@ -108,6 +108,11 @@ def run_probe(draft: nn.Module, probe: Probe) -> torch.Tensor:
         predecessors = probe.predecessor_ids.view(2, cfg.block_size)  # the probe's two blocks
         states = draft.correction_states(predecessors, probe.embed).view(1, 2 * cfg.block_size, -1)
         return torch.cat([logits, draft.corrected_logits(hidden, states, probe.lm_head)], dim=-1)
+    if cfg.kind == "dspark":
+        parts = [logits, draft.corrected_logits(hidden, probe.predecessor_ids, probe.lm_head)]
+        if draft.confidence_head is not None:
+            parts.append(draft.confidence_logits(draft.joint_hidden(hidden, probe.predecessor_ids)).unsqueeze(-1))
+        return torch.cat(parts, dim=-1)
     if cfg.kind != "dflash2":
         return logits
     scores = draft.candidate_selector.score(hidden, probe.predecessor_ids, probe.candidate_ids, probe.candidate_logits)

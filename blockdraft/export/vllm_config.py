@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 
 from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_with_causality
+from blockdraft.export.dspark_config import dspark_keys, read_dspark
 from blockdraft.export.reference_only import domino_dflash_config, read_domino, reference_only_keys
 from blockdraft.models.draft_config import DraftModelConfig
 
@@ -20,7 +21,9 @@ from blockdraft.models.draft_config import DraftModelConfig
 # JetSpec is vLLM's DFlash with `is_causal: true` (qwen3_dflash.py `_dflash_layer_causal`).
 EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "jetspec": "DFlashDraftModel",
                         # Not in vLLM's registry: the reference engine serves it (export/reference_only.py).
-                        "domino": "DominoDraftModel"}
+                        "domino": "DominoDraftModel",
+                        # vLLM's `method: dspark` drafter (qwen3_dspark.py), served by its V2 GPU runner.
+                        "dspark": "Qwen3DSparkModel"}
 # What the importer reads: the registry names plus the training stacks' Qwen3-prefixed names.
 IMPORT_ARCHITECTURES = {
     "DFlashDraftModel": "dflash",
@@ -28,6 +31,7 @@ IMPORT_ARCHITECTURES = {
     "DFlash2DraftModel": "dflash2",
     "Qwen3DFlash2DraftModel": "dflash2",
     "DominoDraftModel": "domino",
+    "Qwen3DSparkModel": "dspark",
 }
 DFLASH2_REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DFLASH2_FIELDS = DFLASH2_REQUIRED + ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
@@ -67,6 +71,7 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
         out["draft_vocab_size"] = cfg.draft_vocab_size
     out["dflash_config"] = {**_dflash_config(cfg), **domino_dflash_config(cfg)}
     out.update(reference_only_keys(cfg))
+    out.update(dspark_keys(cfg))
     return out
 
 
@@ -167,6 +172,8 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
         _read_dflash2(cfg, dflash, where)
     if kind == "domino":
         read_domino(cfg, dflash, where)
+    if kind == "dspark":
+        read_dspark(cfg, config, where)
     return cfg.validate()
 
 

@@ -84,6 +84,11 @@ class DSparkDraftModel(DFlashDraftModel):
         """[W | markov_w2]: [V_draft, H + r]; `head_weight` is `head_weight(target lm head)`."""
         return torch.cat([head_weight, self.markov_head.markov_w2.weight.to(head_weight.dtype)], dim=1)
 
+    def corrected_logits(self, hidden: torch.Tensor, previous_ids: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """[..., V_draft]: the backbone's logits plus the Markov bias of each slot's previous token."""
+        joint_head = self.joint_head(self.head_weight(lm_head_weight))
+        return self.transform_logits(F.linear(self.joint_hidden(hidden, previous_ids), joint_head))
+
     def confidence_logits(self, joint_hidden: torch.Tensor) -> torch.Tensor:
         """[...]: the confidence head's logit from [h ; e] (or h alone without the Markov input)."""
         assert self.confidence_head is not None

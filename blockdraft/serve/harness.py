@@ -8,8 +8,9 @@ rounds run: a fresh pair per round (the default), or one server of each for ever
 the idle one frozen (SIGSTOP) or left running (kept); docs/benchmarks.md (serve_methods) sets
 the three side by side.
 Each server generates `warmup_prompts` untimed before its first measured phase, and the idle
-server's CPU seconds during each measured phase go into the report. A DFlash2 draft that the
-serving vLLM cannot run goes to the reference engine instead, and the report says so.
+server's CPU seconds during each measured phase go into the report. A DFlash2 or DSpark draft that
+the serving vLLM cannot run (they need its V2 GPU runner) goes to the reference engine instead, and
+the report says so.
 """
 
 from __future__ import annotations
@@ -129,9 +130,9 @@ def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
 
 # --- the vLLM runs ---------------------------------------------------------------------
 def speculative_config(plan: Plan) -> dict:
-    """vLLM's --speculative-config for the planned draft (every DFlash kind vLLM runs is method dflash)."""
+    """vLLM's --speculative-config for the planned draft (DSpark is method dspark, every DFlash kind dflash)."""
     return {
-        "method": "dflash",
+        "method": "dspark" if plan.draft.kind == "dspark" else "dflash",
         "model": str(plan.draft.directory.resolve()),
         "num_speculative_tokens": plan.num_speculative_tokens,
     }
@@ -169,10 +170,11 @@ def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record
         binding = omp_binding(Path(cfg.out) / log_name(phase, 1))
         if binding:
             record.environment["vllm_omp_binding"][phase] = binding
-    if plan.draft.kind == "dflash2" and runner != "v2":
+    if plan.draft.kind in ("dflash2", "dspark") and runner != "v2":
+        name = "DFlash2" if plan.draft.kind == "dflash2" else "DSpark"
         record.extra_failures.append(
-            f"the DFlash2 draft was not served by vLLM's V2 model runner (log says: {runner or 'no runner line'}); "
-            "a fallback would serve it as plain DFlash. Serve on a GPU vLLM with Triton."
+            f"the {name} draft was not served by vLLM's V2 model runner (log says: {runner or 'no runner line'}); "
+            "only that runner runs it as trained. Serve on a GPU vLLM with Triton."
         )
 
 

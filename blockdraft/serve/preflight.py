@@ -23,10 +23,13 @@ from blockdraft.serve.draft_aliases import ALIASES, alias_problem
 from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
 
 # DominoDraftModel is the project's own name: its exports go to the reference engine (choose_engine).
-DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2", "DominoDraftModel": "domino"}
+DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2", "DominoDraftModel": "domino",
+               "Qwen3DSparkModel": "dspark"}
 # Other training stacks' names, served unchanged through vllm_plugin/ (draft_aliases.py).
 DRAFT_KINDS.update({alias: DRAFT_KINDS[name] for alias, name in ALIASES.items()})
 VLLM_DFLASH_KINDS = ("dflash", "jetspec")  # vLLM's DFlashDraftModel serves both
+# Kinds only vLLM's V2 model runner serves (it needs a Triton GPU backend), with the class each needs.
+V2_RUNNER_ARCHITECTURES = {"dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
@@ -46,6 +49,19 @@ class DraftFacts:
     block_size: Optional[int]
     vllm_servable: bool = True
     """False for a kind vLLM has no drafter for (config.json's `vllm_servable: false`)."""
+    anchor_predicts: bool = False
+    """DSpark's sample_from_anchor layout: every slot drafts, so a round drafts block_size tokens."""
+
+    @property
+    def trained_tokens(self) -> Optional[int]:
+        """The drafted tokens per round the draft was trained for (None without a block size)."""
+        if self.block_size is None:
+            return None
+        return self.block_size if self.anchor_predicts else self.block_size - 1
+
+    @property
+    def trained_tokens_label(self) -> str:
+        return "block_size" if self.anchor_predicts else "block_size - 1"
 
 
 @dataclass
@@ -123,6 +139,8 @@ def read_draft(directory: str | Path) -> DraftFacts:
         mask_token_id=int(dflash["mask_token_id"]),
         block_size=_block_size(dflash, config),
         vllm_servable=vllm_servable(config, kind),
+        # vLLM's DSpark speculator defaults sample_from_anchor to true when the key is absent.
+        anchor_predicts=kind == "dspark" and bool(config.get("sample_from_anchor", True)),
     )
 
 
@@ -215,24 +233,25 @@ def fc_in_features(directory: Path) -> Optional[int]:
 
 
 # --- what the serving vLLM can do ------------------------------------------------------
-def speculative_tokens(requested: Optional[int], block_size: Optional[int]) -> tuple[int, List[str]]:
-    """-> (num_speculative_tokens, warnings). Default block_size - 1, the trained block."""
+def speculative_tokens(requested: Optional[int], trained: Optional[int], label: str = "block_size - 1") -> tuple[int, List[str]]:
+    """-> (num_speculative_tokens, warnings). Default: the trained drafted tokens (`label` says how they
+    follow from the block: block_size - 1, or block_size for DSpark's anchor-first layout)."""
     if requested is None:
-        if block_size is None:
+        if trained is None:
             raise ConfigError(
                 "the draft's config.json has no dflash_config.block_size, so num_speculative_tokens has "
-                "no default; set num_speculative_tokens=<block_size - 1 of training>."
+                f"no default; set num_speculative_tokens=<{label} of training>."
             )
-        return block_size - 1, []
-    if block_size is None or requested == block_size - 1:
+        return trained, []
+    if trained is None or requested == trained:
         return requested, []
-    if requested > block_size - 1:
+    if requested > trained:
         return requested, [
-            f"num_speculative_tokens={requested} is above block_size - 1 = {block_size - 1}: slots past "
+            f"num_speculative_tokens={requested} is above {label} = {trained}: slots past "
             "the trained block were never trained, so their acceptance will be near zero."
         ]
     return requested, [
-        f"num_speculative_tokens={requested} is below block_size - 1 = {block_size - 1} "
+        f"num_speculative_tokens={requested} is below {label} = {trained} "
         "(allowed; the trained block's last slots go unused)."
     ]
 
@@ -311,12 +330,13 @@ def choose_engine(
             f"{problem}, so vLLM cannot serve this target here. The draft is checked with the project's own "
             "reference engine instead, not with vLLM."
         ]
-    if draft.kind in VLLM_DFLASH_KINDS or info.can_run_dflash2:
+    if draft.kind in VLLM_DFLASH_KINDS or info.can_run_v2_draft(V2_RUNNER_ARCHITECTURES.get(draft.kind, "")):
         return "vllm", []
     why = "it has no Triton GPU backend" if info.device == "cpu" or not info.has_triton else "its V2 model runner is off"
-    refusal = (
-        f"vLLM {info.version} on {info.device} cannot run DFlash2 ({why}; its V1 runner refuses DFlash2 drafts)"
-    )
+    if V2_RUNNER_ARCHITECTURES.get(draft.kind) not in info.dflash_archs and info.runs_v2_runner:
+        why = f"its registry has no {V2_RUNNER_ARCHITECTURES.get(draft.kind)}"
+    name = {"dflash2": "DFlash2", "dspark": "DSpark"}.get(draft.kind, draft.kind)
+    refusal = f"vLLM {info.version} on {info.device} cannot run {name} ({why}; its V1 runner refuses {name} drafts)"
     if requested == "vllm":
         raise ConfigError(f"engine=vllm: {refusal}. Serve on a GPU vLLM, or set engine=auto for the reference engine.")
     return "reference", [f"{refusal}. The draft is checked with the project's own reference engine instead, not with vLLM."]
@@ -352,7 +372,7 @@ def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) 
     draft, target = read_draft(cfg.draft_dir), read_target(cfg.target_dir)
     check_against_target(draft, target)
     check_fc_weight(draft, target, fc_in_features(draft.directory))
-    k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.block_size)
+    k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.trained_tokens, draft.trained_tokens_label)
     info = probe(python, target.architecture)
     engine, notes = choose_engine(draft, info, target, cfg.engine)
     if engine == "vllm":

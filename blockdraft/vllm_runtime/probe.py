@@ -27,7 +27,7 @@ class VllmInfo:
     device: str  # "cpu", "cuda", ... as vLLM's platform names it
     has_triton: bool  # Model Runner V2 (the only one that runs DFlash2) needs it
     v2_runner_env: Optional[str]  # VLLM_USE_V2_MODEL_RUNNER as set, or None
-    dflash_archs: List[str] = field(default_factory=list)  # DFlash* drafts registered once plugins loaded
+    dflash_archs: List[str] = field(default_factory=list)  # DFlash* and DSpark drafts registered once plugins loaded
     alias_plugin_installed: bool = False  # vllm_plugin/'s entry point is in the serving env
     vllm_plugins_env: Optional[str] = None  # VLLM_PLUGINS as set (vLLM loads only the plugins it names)
     arch_known: bool = False
@@ -39,10 +39,18 @@ class VllmInfo:
     python: Optional[str] = None  # the serving interpreter that answered
 
     @property
-    def can_run_dflash2(self) -> bool:
-        """DFlash2 needs the V2 runner; without a Triton GPU backend vLLM falls back to V1, which refuses it."""
+    def runs_v2_runner(self) -> bool:
+        """Model Runner V2 needs a Triton GPU backend; without it vLLM falls back to V1."""
         forced_off = (self.v2_runner_env or "").lower() in ("0", "false")
-        return "DFlash2DraftModel" in self.dflash_archs and self.has_triton and self.device != "cpu" and not forced_off
+        return self.has_triton and self.device != "cpu" and not forced_off
+
+    def can_run_v2_draft(self, architecture: str) -> bool:
+        """DFlash2 and DSpark drafts run only in the V2 runner; V1 refuses them."""
+        return architecture in self.dflash_archs and self.runs_v2_runner
+
+    @property
+    def can_run_dflash2(self) -> bool:
+        return self.can_run_v2_draft("DFlash2DraftModel")
 
 
 class ProbeError(RuntimeError):
@@ -108,7 +116,7 @@ def main(architectures: List[str]) -> None:
         device=current_platform.device_type,
         has_triton=bool(HAS_TRITON),
         v2_runner_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
-        dflash_archs=sorted(a for a in archs if "DFlash" in a),
+        dflash_archs=sorted(a for a in archs if "DFlash" in a or "DSpark" in a),
         alias_plugin_installed=_entry_point_installed("vllm.general_plugins", ALIAS_PLUGIN),
         vllm_plugins_env=os.environ.get("VLLM_PLUGINS"),
         anchor_clamp=_anchor_clamp(),

@@ -24,13 +24,13 @@ def draft_config(kind: str = "dflash", target_kwargs: dict | None = None, **over
 
 
 def make_draft(kind: str = "dflash", seed: int = 1, **overrides):
-    """A draft whose DFlash2 parts and Domino head are moved off their fresh identity, so a round
-    trip that dropped them would change the output."""
+    """A draft whose DFlash2 parts, Domino head and DSpark Markov head are moved off their fresh
+    identity, so a round trip that dropped them would change the output."""
     torch.manual_seed(seed)
     draft = build_draft(draft_config(kind, **overrides))
     with torch.no_grad():
         for name, param in draft.named_parameters():
-            if "_conv." in name or "candidate_selector." in name or name.startswith("correction."):
+            if "_conv." in name or "candidate_selector." in name or name.startswith(("correction.", "markov_head.")):
                 param.normal_(0.0, 0.1)
     return draft
 

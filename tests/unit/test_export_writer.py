@@ -133,7 +133,7 @@ def test_cli_exports_inspects_and_refuses_without_traceback(tmp_path):
     cmd = [sys.executable, "-m", "blockdraft.export", f"checkpoint={tmp_path / 'run'}", f"out={tmp_path / 'out'}", "dtype=float32"]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env())
     assert done.returncode == 0, done.stderr
-    assert f"checked against the target {target}" in done.stdout and "num_speculative_tokens = 3" in done.stdout
+    assert f"checked against the target {target}" in done.stdout and "num_speculative_tokens = block_size - 1 = 3" in done.stdout
     again = subprocess.run([*cmd, f"target={target}"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env())
     assert again.returncode == 2 and "is not empty" in again.stderr and "Traceback" not in again.stderr
 
@@ -147,9 +147,14 @@ def test_inspect_describes_exports_and_checkpoints(tmp_path):
     out = export_draft(tmp_path / "run", tmp_path / "out")
     text = run(OmegaConf.to_object(compose("export", [f"inspect={out}"])))
     for part in ("DFlash2DraftModel", "target_layer_ids: [1, 3]", "mask_token_id: 262", "block_size: 4", "BF16",
-                 "tensors: 36", "contract: ok", "num_speculative_tokens = 3", "vllm serve"):
+                 "tensors: 36", "contract: ok", "num_speculative_tokens = block_size - 1 = 3", "vllm serve"):
         assert part in text, part
     assert "training checkpoint (step_10)" in describe(tmp_path / "run")
+    # DSpark: vLLM's own method, and a round drafts from every slot of the block.
+    make_run(tmp_path / "dspark", "dspark", markov_rank=8)
+    text = run(OmegaConf.to_object(compose("export", [f"inspect={export_draft(tmp_path / 'dspark', tmp_path / 'ds')}"])))
+    for part in ("Qwen3DSparkModel", "contract: ok", "num_speculative_tokens = block_size = 4", '"method": "dspark"'):
+        assert part in text, part
 
 
 def test_reduced_vocabulary_export_round_trips_and_is_described(tmp_path):

@@ -27,7 +27,7 @@ from blockdraft.vllm_runtime.probe import VllmInfo
 
 CPU_VLLM = VllmInfo(
     version="0.32.0", device="cpu", has_triton=False, v2_runner_env=None,
-    dflash_archs=["DFlash2DraftModel", "DFlashDraftModel"], arch_known=True, arch_supports_eagle3=True,
+    dflash_archs=["DFlash2DraftModel", "DFlashDraftModel", "Qwen3DSparkModel"], arch_known=True, arch_supports_eagle3=True,
     anchor_clamp=False, cpu_head_sizes=[32, 64, 128],
 )
 GPU_VLLM = VllmInfo(**{**CPU_VLLM.__dict__, "device": "cuda", "has_triton": True, "cpu_head_sizes": []})
@@ -100,15 +100,22 @@ def test_dflash2_needs_its_keys(tmp_path, target_dir):
     refused(write_draft(tmp_path / "d", arch="DFlash2DraftModel"), target_dir, "dflash_config.conv_kernel_size")
 
 
-def test_num_speculative_tokens_defaults_to_block_minus_one_and_says_other_values():
-    assert speculative_tokens(None, 16) == (15, [])
-    assert speculative_tokens(15, 16) == (15, [])
-    k, [warning] = speculative_tokens(20, 16)
+def test_num_speculative_tokens_defaults_to_the_trained_tokens_and_says_other_values(tmp_path):
+    assert speculative_tokens(None, 15) == (15, [])
+    assert speculative_tokens(15, 15) == (15, [])
+    k, [warning] = speculative_tokens(20, 15)
     assert k == 20 and "above block_size - 1 = 15" in warning
-    k, [note] = speculative_tokens(7, 16)
+    k, [note] = speculative_tokens(7, 15)
     assert k == 7 and "below" in note
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
         speculative_tokens(None, None)
+    # The trained tokens follow the layout: block_size - 1 for DFlash, block_size for DSpark drafting from its anchor.
+    dflash = read_draft(write_draft(tmp_path / "d"))
+    assert dflash.trained_tokens == dflash.block_size - 1
+    for layout, expected in ((None, 0), (True, 0), (False, 1)):  # vLLM's default (key absent) is true
+        extra = {} if layout is None else {"sample_from_anchor": layout}
+        dspark = read_draft(write_draft(tmp_path / f"s{layout}", arch="Qwen3DSparkModel", **extra))
+        assert dspark.kind == "dspark" and dspark.trained_tokens == dspark.block_size - expected
 
 
 def test_a_target_without_aux_hidden_states_is_named(tmp_path, target_dir):
@@ -148,6 +155,14 @@ def test_the_engine_can_be_forced(tmp_path, target_dir):
         conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=2)))
     with pytest.raises(ConfigError, match="engine=vllm: vLLM 0.32.0 on cpu cannot run DFlash2"):
         choose_engine(dflash2, CPU_VLLM, target, requested="vllm")
+    dspark = read_draft(write_draft(tmp_path / "ds", arch="Qwen3DSparkModel"))
+    engine, [note] = choose_engine(dspark, CPU_VLLM, target)
+    assert engine == "reference" and "cannot run DSpark (it has no Triton GPU backend" in note
+    with pytest.raises(ConfigError, match="engine=vllm: vLLM 0.32.0 on cpu cannot run DSpark"):
+        choose_engine(dspark, CPU_VLLM, target, requested="vllm")
+    assert choose_engine(dspark, GPU_VLLM, target) == ("vllm", [])
+    older = VllmInfo(**{**GPU_VLLM.__dict__, "dflash_archs": ["DFlashDraftModel"]})
+    assert "its registry has no Qwen3DSparkModel" in choose_engine(dspark, older, target)[1][0]
     with pytest.raises(ConfigError, match="engine='gpu' is not one of"):
         ServeConfig(draft_dir=str(tmp_path / "d"), target_dir=str(target_dir), engine="gpu",
                     vllm_python=sys.executable).validate()

@@ -49,10 +49,9 @@ def accept_length(
 
 
 @torch.no_grad()
-def walked_accept_length(
-    pred: Tensor, labels: Tensor, label_mask: Tensor, anchors: Tensor, anchor_valid: Tensor
-) -> tuple[int, int, list[int]]:
-    """The rows walked as serving walks a reply: (tokens, rounds, accepted per slot), summed over rows.
+def walked_rounds(pred: Tensor, labels: Tensor, label_mask: Tensor, anchors: Tensor, anchor_valid: Tensor):
+    """The rounds of the rows walked as serving walks a reply: (row, block index, L) per round, L the
+    tokens it adds (its accepted drafts and the target's next token).
 
     `accept_length` averages over anchors drawn uniformly; serving starts a round only where the
     last one ended: a round at anchor a accepts a run of L - 1 drafted tokens, and the next round's
@@ -62,14 +61,45 @@ def walked_accept_length(
     round starts) and needs every valid anchor of the row drawn, with plain blocks (prefix 1).
     """
     lengths = 1 + accepted_run(pred, labels, label_mask, torch.ones_like(anchors))  # [N, A]
+    for row, (row_anchors, row_valid, row_lengths) in enumerate(zip(anchors.tolist(), anchor_valid.tolist(), lengths.tolist())):
+        block_at = {a: j for j, (a, v) in enumerate(zip(row_anchors, row_valid)) if v}
+        a = min(block_at, default=None)
+        while a in block_at:
+            j = block_at[a]
+            yield row, j, row_lengths[j]
+            a += row_lengths[j]
+
+
+@torch.no_grad()
+def walked_accept_length(
+    pred: Tensor, labels: Tensor, label_mask: Tensor, anchors: Tensor, anchor_valid: Tensor
+) -> tuple[int, int, list[int]]:
+    """The rows walked as serving walks a reply (`walked_rounds`): (tokens, rounds, accepted per slot),
+    summed over rows."""
     tokens = rounds = 0
     per_slot = [0] * (pred.shape[-1] - 1)
-    for row_anchors, row_valid, row_lengths in zip(anchors.tolist(), anchor_valid.tolist(), lengths.tolist()):
-        length_at = {a: n for a, v, n in zip(row_anchors, row_valid, row_lengths) if v}
-        a = min(length_at, default=None)
-        while a in length_at:
-            rounds, tokens = rounds + 1, tokens + length_at[a]
-            for k in range(length_at[a] - 1):
-                per_slot[k] += 1
-            a += length_at[a]
+    for _, _, length in walked_rounds(pred, labels, label_mask, anchors, anchor_valid):
+        rounds, tokens = rounds + 1, tokens + length
+        for k in range(length - 1):
+            per_slot[k] += 1
     return tokens, rounds, per_slot
+
+
+@torch.no_grad()
+def walked_calibration(
+    pred: Tensor, labels: Tensor, label_mask: Tensor, anchors: Tensor, anchor_valid: Tensor, confidence: Tensor
+) -> tuple[list[int], list[int], list[float]]:
+    """DSpark's confidence head on the walked rounds, per drafted slot k = 1..B-1: (rounds that reached
+    slot k, those that accepted it, the summed predicted confidence of the reaching rounds). A round
+    reaches slot k when slots 1..k-1 were accepted (what vLLM's head predicts: the slot's acceptance
+    given the ones before it); a slot past a reply's end is never reached."""
+    slots = pred.shape[-1] - 1
+    reached, accepted, predicted = [0] * slots, [0] * slots, [0.0] * slots
+    for row, j, length in walked_rounds(pred, labels, label_mask, anchors, anchor_valid):
+        for k in range(1, min(length, slots) + 1):
+            if not bool(label_mask[row, j, k]):
+                break
+            reached[k - 1] += 1
+            accepted[k - 1] += int(k <= length - 1)
+            predicted[k - 1] += float(confidence[row, j, k])
+    return reached, accepted, predicted

@@ -61,6 +61,8 @@ class StepResult:
     """[N, A, B] the draft's argmax per slot in target ids (-1 where unsupervised), for metrics over whole rows."""
     blocks: Optional[BlockBatch] = None
     """The blocks `pred` belongs to: anchors, labels, supervision."""
+    confidence: Optional[torch.Tensor] = None
+    """DSpark: [N, A, B] the confidence head's acceptance probability per slot (nan where unsupervised)."""
 
 
 def block_attention_mask(blocks, batch, block_size: int, backend: str, sliding_window: Optional[int], causal: bool = False):
@@ -150,8 +152,12 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         loss = loss + cfg.kl_weight * kl_loss
         sums["kl_sum"] = kl_loss.detach() * 1.0
         sums["kl_rows_without_teacher"] = (~taught).sum().float()
+    confidence = None
     if isinstance(module, DSparkDraftModel) and module.confidence_head is not None:
-        loss = _add_confidence_loss(module, cfg, h_sup, pred_sup, loss_labels, ce, outside, weights, block_ids, norm, loss, sums)
+        loss, predicted = _add_confidence_loss(module, cfg, h_sup, pred_sup, loss_labels, ce, outside, weights, block_ids,
+                                               norm, loss, sums)
+        confidence = torch.full(blocks.labels.shape, float("nan"), device=predicted.device)
+        confidence[sup] = predicted
     loss = faults.corrupt("train.loss", loss)
     sums["loss_sum"] = loss.detach() * 1.0
     pred_sup = module.to_target_ids(pred_sup)
@@ -166,7 +172,7 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
-    return StepResult(loss, sums, pred, blocks)
+    return StepResult(loss, sums, pred, blocks, confidence)
 
 
 def fed_blocks(blocks: BlockBatch, dcfg) -> tuple:
@@ -185,7 +191,8 @@ def fed_blocks(blocks: BlockBatch, dcfg) -> tuple:
 
 def _add_confidence_loss(module, cfg: LoopConfig, joint, pred, labels, ce, outside, weights, block_ids, norm, loss, sums):
     """DSpark: the confidence head's BCE against each slot's acceptance (train/confidence.py), weighted and
-    normalised as the block loss is (speculators weights it with the same position decay)."""
+    normalised as the block loss is (speculators weights it with the same position decay). Returns the
+    loss and each slot's predicted acceptance [M]."""
     logits = module.confidence_logits(joint)  # [M]
     target = acceptance_target(cfg.confidence_target, pred, labels, ce, outside)  # [M]
     conf_loss = normalized_loss(confidence_loss(logits, target), weights, block_ids, norm)
@@ -196,7 +203,7 @@ def _add_confidence_loss(module, cfg: LoopConfig, joint, pred, labels, ce, outsi
         "confidence_target_sum": target.sum(),
         "confidence_abs_error_sum": (predicted - target).abs().sum(),
     })
-    return loss + cfg.confidence_weight * conf_loss if cfg.confidence_weight else loss
+    return (loss + cfg.confidence_weight * conf_loss if cfg.confidence_weight else loss), predicted
 
 
 def position_weights(cfg: LoopConfig, blocks, sup, ce, outside) -> torch.Tensor:

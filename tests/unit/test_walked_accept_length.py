@@ -1,8 +1,9 @@
 """The walk of a reply as serving takes it, against the uniform mean over anchors."""
 
+import pytest
 import torch
 
-from blockdraft.train.metrics import accept_length, walked_accept_length
+from blockdraft.train.metrics import accept_length, walked_accept_length, walked_calibration
 
 
 def blocks_of(correct_runs, block_size=4, first_anchor=5):
@@ -33,3 +34,14 @@ def test_rows_walk_apart_and_invalid_anchors_end_a_walk():
     two = [torch.cat([t, t]) for t in (pred, labels, mask, anchors, valid)]
     tokens, rounds, per_slot = walked_accept_length(*two)
     assert (tokens, rounds, per_slot) == (4, 2, [2, 0, 0])
+
+
+def test_calibration_counts_the_slots_each_walked_round_reached():
+    # The walk of the first test: rounds at anchors 5 (L 4), 9 (L 1), 10 (L 2), 12 (L 4).
+    pred, labels, mask, anchors, valid = blocks_of([3, 0, 0, 2, 0, 1, 3, 3])
+    confidence = torch.full(pred.shape, 0.5)
+    confidence[0, 0, 1:] = torch.tensor([0.9, 0.8, 0.7])  # the first round's slots
+    reached, accepted, predicted = walked_calibration(pred, labels, mask, anchors, valid, confidence)
+    # Slot 1: all 4 rounds reach it, 3 accept it; slot 2: the rounds at 5, 10 (its slot 1 right), 12.
+    assert reached == [4, 3, 2] and accepted == [3, 2, 2]
+    assert predicted == pytest.approx([0.9 + 0.5 * 3, 0.8 + 0.5 * 2, 0.7 + 0.5])

@@ -112,13 +112,16 @@ IDENTITY_KEYS = (
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
     "target_hidden_size", "num_target_layers", "conv_kernel_size", "conv_group_size", "selector_rank",
     "draft_vocab_size", "train_mask_embedding", "correction_hidden_size", "correction_rank",
+    "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov", "sample_from_anchor",
 )
 
 
 # Keys that shape one kind of draft only. Another kind's export does not carry them (a DFlash export has no
 # conv_group_size, so its import holds the dataclass default), and they build nothing there.
 KIND_ONLY_KEYS = {"conv_kernel_size": "dflash2", "conv_group_size": "dflash2", "selector_rank": "dflash2",
-                  "correction_hidden_size": "domino", "correction_rank": "domino"}
+                  "correction_hidden_size": "domino", "correction_rank": "domino",
+                  **{key: "dspark" for key in ("markov_rank", "markov_head_type", "enable_confidence_head",
+                                               "confidence_head_with_markov", "sample_from_anchor")}}
 
 
 def identity_diffs(saved, now) -> List[str]:

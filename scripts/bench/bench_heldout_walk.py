@@ -26,26 +26,28 @@ from publish import REPO, command_line, provenance, publish, shown_path
 TARGET = REPO / ".cache" / "targets" / "smollm2-135m-instruct"
 
 
-def scored(demo: Path, rows: list, tmp: Path) -> dict:
+def scored(export: Path, rows: list, tmp: Path, experiment: str = "smollm2_dflash_cpu") -> dict:
+    """The export on `rows`: training's uniform mean over every anchor and the walk as serving takes it,
+    per slot; for a DSpark draft also the confidence head's calibration on the walked rounds."""
     import blockdraft.train.__main__  # noqa: F401  (registers the train schema)
     from blockdraft.config import compose
     from blockdraft.data.dataset import collate
     from blockdraft.train.distributed import init_distributed
     from blockdraft.train.loop import Trainer
-    from blockdraft.train.metrics import walked_accept_length
+    from blockdraft.train.metrics import walked_accept_length, walked_calibration
     from blockdraft.train.setup import config_yaml
     from blockdraft.train.step import train_step
 
     (tmp / "rows.jsonl").write_text("".join(r + "\n" for r in rows))
     # data.train is the same rows only because a run needs one; nothing trains.
-    cfg = compose("train", ["experiment=smollm2_dflash_cpu", f"run_dir={tmp / 'run'}", f"target.path={TARGET}",
+    cfg = compose("train", [f"experiment={experiment}", f"run_dir={tmp / 'run'}", f"target.path={TARGET}",
                             f"data.train={tmp / 'rows.jsonl'}", f"data.val={tmp / 'rows.jsonl'}", "data.features=null",
-                            f"init_from={demo / 'export'}", "init_from_target=false", "train.num_anchors=${data.seq_length}"])  # every anchor of a row
+                            f"init_from={export}", "init_from_target=false", "train.num_anchors=${data.seq_length}"])  # every anchor of a row
     trainer = Trainer(OmegaConf.to_object(cfg), config_yaml(cfg), init_distributed())
     trainer.model.eval()
     pad = trainer.tokenizer.pad_token_id or 0
     uniform_sum = uniform_blocks = tokens = rounds = 0
-    slot_correct, slot_supervised, walked_slots = 0, 0, None
+    slot_correct, slot_supervised, walked_slots, calibration = 0, 0, None, None
     with torch.no_grad():
         for i in range(len(trainer.val_data)):
             batch = collate([trainer.val_data[i]], pad_id=pad)
@@ -59,9 +61,15 @@ def scored(demo: Path, rows: list, tmp: Path) -> dict:
             t, r, per_slot = walked_accept_length(out.pred, b.labels, b.label_mask, b.anchors, b.anchor_valid)
             tokens, rounds = tokens + t, rounds + r
             walked_slots = per_slot if walked_slots is None else [x + y for x, y in zip(walked_slots, per_slot)]
-    return {"rows": len(trainer.val_data), "anchors": int(uniform_blocks), "uniform": uniform_sum / uniform_blocks,
-            "uniform_slots": (slot_correct / slot_supervised).tolist()[1:], "rounds": rounds,
-            "walked": tokens / rounds, "walked_slots": [x / rounds for x in walked_slots]}
+            if out.confidence is not None:
+                these = walked_calibration(out.pred, b.labels, b.label_mask, b.anchors, b.anchor_valid, out.confidence)
+                calibration = these if calibration is None else [[x + y for x, y in zip(*pair)] for pair in zip(calibration, these)]
+    result = {"rows": len(trainer.val_data), "anchors": int(uniform_blocks), "uniform": uniform_sum / uniform_blocks,
+              "uniform_slots": (slot_correct / slot_supervised).tolist()[1:], "rounds": rounds,
+              "walked": tokens / rounds, "walked_slots": [x / rounds for x in walked_slots]}
+    if calibration is not None:
+        result["calibration"] = dict(zip(("reached", "accepted", "predicted_sum"), calibration))
+    return result
 
 
 def main() -> None:
@@ -77,7 +85,7 @@ def main() -> None:
     n = report["prompts_sent"]
     rows = (demo / "regen" / "heldout.jsonl").read_text().splitlines()[:n]
     with tempfile.TemporaryDirectory() as tmp:
-        s = scored(demo, rows, Path(tmp))
+        s = scored(demo / "export", rows, Path(tmp))
     fmt = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     body = "\n".join([
         "| measured | accept_len | per slot | over |", "|---|---|---|---|",

@@ -35,9 +35,9 @@ ENV = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def train(run_dir: Path, store: str, train_rows: str, val_rows: str, steps: int, seed: int, overrides: List[str],
-          validate: bool = True) -> List[dict]:
+          validate: bool = True, experiment: str = EXPERIMENT) -> List[dict]:
     """One training run from the store; returns its metrics records."""
-    argv = [sys.executable, "-m", "blockdraft.train", f"experiment={EXPERIMENT}", f"run_dir={run_dir}", "overwrite=true",
+    argv = [sys.executable, "-m", "blockdraft.train", f"experiment={experiment}", f"run_dir={run_dir}", "overwrite=true",
             f"seed={seed}", f"data.features={store}", f"data.train={train_rows}",
             f"data.val={val_rows if validate else 'null'}",
             f"train.max_steps={steps}", "train.val_every=0", "train.save_every=0", "train.progress=false",

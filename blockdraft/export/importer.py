@@ -3,7 +3,9 @@
 Only two renames are applied, both known spellings of the same tensor: a leading
 `model.` (some stacks save the wrapped module) and a `.weight` suffix on the selector
 codebooks. Anything else must already carry vLLM's name, or it is refused by name:
-a weight dropped here would be a weight silently missing in serving.
+a weight dropped here would be a weight silently missing in serving. The one exception is a
+speculators checkpoint (export/speculators_format.py), whose copies of the verifier's embedding
+and head, and whose t2d, are not the draft's and are dropped by name.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from safetensors.torch import load_file
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes, is_dflash2_only, is_domino_only
 from blockdraft.export.mask_embedding import STATE_NAME, check_mask_token, read_mask_embedding
+from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
+from blockdraft.export.speculators_format import is_speculators_config
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.integrity import verify_checksums
 from blockdraft.models import build_draft
@@ -36,9 +40,12 @@ def import_draft(directory: str | Path) -> Tuple[torch.nn.Module, DraftModelConf
     """(fp32 draft module, its config) from `config.json` + safetensors (single or sharded)."""
     directory = Path(directory)
     try:
-        cfg = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME))
+        config = read_config(directory)
+        cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
         cfg.train_mask_embedding = with_mask_embedding(directory, cfg)
         state = canonical_names(read_tensors(directory))
+        if is_speculators_config(config):
+            state = speculators_draft_tensors(state, cfg)
         check_kind_consistency(state, cfg, directory)
         check_state_dict(state, cfg, where=f"{directory}")
         check_d2t(state, cfg, directory)

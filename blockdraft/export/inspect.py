@@ -12,16 +12,23 @@ from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers,
 from blockdraft.export.model_card import drafted_tokens_note, serve_command, shape_line
 from blockdraft.export.reference_only import SERVING_NOTE_KEY, vllm_servable
 from blockdraft.export.source import resolve_checkpoint
+from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
+from blockdraft.export.speculators_format import is_speculators_config
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
 from blockdraft.export.writer import EXPORT_INFO
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import load_draft_config
 
 
+SPECULATORS_HOLDS = "a speculators DSpark checkpoint (config.json + safetensors, read as Qwen3DSparkModel)"
+
+
 def describe(directory: str | Path) -> str:
     directory = Path(directory)
     cfg, holds, architecture, weights_dir = _read(directory)
     headers = tensor_headers(weights_dir)
+    if holds.startswith(SPECULATORS_HOLDS):
+        headers = speculators_draft_tensors(headers, cfg)  # the verifier's embedding and head, t2d: not the draft's
     problems = contract_problems({k: shape for k, (shape, _) in headers.items()}, cfg)
     dtypes = sorted({dtype for _, dtype in headers.values()})
     lines = [
@@ -49,7 +56,7 @@ def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
         config = read_config(directory)
         cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
         cfg.train_mask_embedding = with_mask_embedding(directory, cfg)
-        holds = "a vLLM draft export (config.json + safetensors)"
+        holds = SPECULATORS_HOLDS if is_speculators_config(config) else "a vLLM draft export (config.json + safetensors)"
         if not vllm_servable(config, cfg.kind):
             holds = f"a draft export (config.json + safetensors) that vLLM cannot serve: {config.get(SERVING_NOTE_KEY, cfg.kind)}"
         return cfg, holds, ", ".join(config["architectures"]), directory

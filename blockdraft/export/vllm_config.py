@@ -15,6 +15,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_with_causality
 from blockdraft.export.dspark_config import dspark_keys, read_dspark
 from blockdraft.export.reference_only import domino_dflash_config, read_domino, reference_only_keys
+from blockdraft.export.speculators_format import is_speculators_config, vllm_style_config
 from blockdraft.models.draft_config import DraftModelConfig
 
 # What this exporter writes: the names in vLLM's model registry.
@@ -133,13 +134,16 @@ def draft_kind_of(config: Mapping, where: str = "config.json") -> str:
     if not known:
         raise ConfigError(
             f"{where}: architectures={archs} is not a DFlash draft this importer reads; "
-            f"supported: {sorted(IMPORT_ARCHITECTURES)}. Set `architectures` to one of them."
+            f"supported: {sorted(IMPORT_ARCHITECTURES)}, and speculators' DSpark checkpoints "
+            "(speculators_model_type: dspark). Set `architectures` to one of them."
         )
     return known[0]
 
 
 def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -> DraftModelConfig:
-    """A DraftModelConfig from a vLLM-style (or Automodel-style) draft config.json."""
+    """A DraftModelConfig from a vLLM-style (or Automodel-style, or speculators') draft config.json."""
+    if is_speculators_config(config):
+        config = vllm_style_config(config, where)
     kind = kind_with_causality(draft_kind_of(config, where), config, where)
     dflash = dict(config.get("dflash_config") or {})
     hidden = _required(config, "hidden_size", where)

@@ -21,3 +21,20 @@ def test_a_run_starts_from_an_exported_draft(run_fixture, request, tmp_path):
     assert len(shared) >= len(exported) // 2, (sorted(exported)[:5], sorted(started)[:5])
     for k in shared:
         torch.testing.assert_close(started[k], exported[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_a_run_starts_from_a_speculators_dspark_checkpoint(tmp_path):
+    """speculators' own save of a DSpark draft (tests/unit/test_speculators_import.py writes it as
+    speculators does) is an init_from source like an export: the run starts from its weights."""
+    from tests.integration.conftest import REPO
+    from tests.unit.export_helpers import make_draft
+    from tests.unit.test_speculators_import import speculators_dir
+
+    source = make_draft("dspark", num_layers=1, markov_rank=8)  # the tiny_cpu recipe's draft, as draft=dspark
+    spec = speculators_dir(tmp_path / "speculators", source, verifier=REPO / ".cache" / "targets" / "tiny-qwen3")
+    run = train_tiny(tmp_path / "run", "draft=dspark", "draft.markov_rank=8", f"init_from={spec}", "train.max_steps=1",
+                     "optim.lr=1e-12", "optim.weight_decay=0.0", "data.val=null", "train.save_every=1")
+    started = load_file(str(run / "checkpoints" / "step_1" / "model.safetensors"))
+    assert set(started) == set(source.state_dict())
+    for k, tensor in source.state_dict().items():
+        torch.testing.assert_close(started[k], tensor.to(torch.bfloat16).float(), rtol=0, atol=1e-6, msg=k)

@@ -39,7 +39,7 @@ $(SERVE_VENV)/.stamp:
 	$(SERVE_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 
-# The vLLM plugin that serves other stacks' Qwen3DFlash*DraftModel drafts unchanged (vllm_plugin/):
+# The vLLM plugin that serves other stacks' Qwen3DFlash*DraftModel / Qwen3DSparkDraftModel drafts unchanged (vllm_plugin/):
 # no dependencies, reinstalled whenever one of its files changes. pip builds it in its folder,
 # whose build/ could carry a deleted module into the next build: removed after each install.
 PLUGIN_FILES := $(wildcard vllm_plugin/pyproject.toml vllm_plugin/blockdraft_vllm_plugin/*.py)

@@ -33,6 +33,7 @@ IMPORT_ARCHITECTURES = {
     "Qwen3DFlash2DraftModel": "dflash2",
     "DominoDraftModel": "domino",
     "Qwen3DSparkModel": "dspark",
+    "Qwen3DSparkDraftModel": "dspark",
 }
 DFLASH2_REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DFLASH2_FIELDS = DFLASH2_REQUIRED + ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")

@@ -1,6 +1,6 @@
 """Drafts saved under other training stacks' names, which vLLM serves through vllm_plugin/.
 
-vLLM's registry knows DFlashDraftModel / DFlash2DraftModel only. This project's vLLM plugin
+vLLM's registry knows DFlashDraftModel / DFlash2DraftModel / Qwen3DSparkModel only. This project's vLLM plugin
 (installed by `make setup-serve`) registers the aliases below and makes vLLM read such a
 directory as its registry name, so it is served unchanged. This module names the aliases and
 says what to install when the serving vLLM has neither the alias nor the plugin.
@@ -18,6 +18,7 @@ from blockdraft.vllm_runtime.probe import ALIAS_PLUGIN, VllmInfo
 ALIASES = {
     "Qwen3DFlashDraftModel": "DFlashDraftModel",
     "Qwen3DFlash2DraftModel": "DFlash2DraftModel",
+    "Qwen3DSparkDraftModel": "Qwen3DSparkModel",
 }
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "vllm_plugin"
 
@@ -41,8 +42,8 @@ def alias_problem(info: VllmInfo, architecture: str) -> Optional[str]:
     if info.alias_plugin_installed:
         return (
             f"{named}; the plugin is loaded in {info.python}, but vLLM {info.version}'s registry still lacks it (it has "
-            f"{info.dflash_archs}; the plugin adds an alias only where vLLM has the class, and a DFlash2 one only where "
-            f"it can also rename the loaded config). Export the draft under {ALIASES[architecture]} for this vLLM."
+            f"{info.dflash_archs}; the plugin adds an alias only where vLLM has the class, and a DFlash2 or DSpark one only "
+            f"where it can also rename the loaded config). Export the draft under {ALIASES[architecture]} for this vLLM."
         )
     return (
         f"{named}, and vLLM {info.version} knows it only with this project's vLLM plugin, which is not installed in "

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from blockdraft.export.writer import export_draft
 from tests.integration.conftest import REPO
+from tests.integration.renamed_draft import renamed_copy
 from tests.unit.export_helpers import make_run
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
@@ -72,13 +73,21 @@ def test_vllm_validates_loads_and_computes_our_dspark_exports(tmp_path):
         torch.save(inputs, tmp_path / f"{name}_in.pt")
         ours[name] = _ours(draft.eval(), inputs)
         args += ["--case", str(export), str(tmp_path / f"{name}_in.pt"), str(tmp_path / f"{name}_out.pt")]
+    # The first case again under SGLang's name: vllm_plugin/ must give vLLM the literal Qwen3DSparkModel,
+    # or its SpeculativeConfig takes a DSpark draft of any other name for a DeepSeek-V4 one.
+    first = next(iter(CASES))
+    alias = renamed_copy(tmp_path / f"{first}_export", tmp_path / "alias", "Qwen3DSparkDraftModel")
+    args += ["--case", str(alias), str(tmp_path / f"{first}_in.pt"), str(tmp_path / "alias_out.pt")]
+    ours["alias"] = ours[first]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([str(SERVE_PYTHON), "scripts/check_vllm_dspark.py", "--target", str(TARGET), *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("method=dspark") == len(CASES)
-    assert proc.stdout.count("0 missing, 0 unexpected, all equal") == len(CASES)
-    for name in CASES:
+    assert proc.stdout.count("method=dspark") == len(ours)
+    assert proc.stdout.count("architectures=['Qwen3DSparkModel']") == len(ours)
+    assert "draft architectures ['Qwen3DSparkDraftModel'] read as ['Qwen3DSparkModel']" in proc.stdout + proc.stderr
+    assert proc.stdout.count("0 missing, 0 unexpected, all equal") == len(ours)
+    for name in ours:
         theirs = torch.load(tmp_path / f"{name}_out.pt")
         assert set(theirs) == set(ours[name]), name
         for key, value in ours[name].items():

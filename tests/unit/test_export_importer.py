@@ -148,3 +148,12 @@ def test_training_checkpoint_is_pointed_at_the_exporter(tmp_path):
     step_dir, _ = make_run(tmp_path / "run")
     with pytest.raises(ConfigError, match="training checkpoint.*python -m blockdraft.export"):
         import_draft(step_dir)
+
+
+def test_the_qwen3_dspark_alias_imports_as_dspark():
+    """Qwen3DSparkDraftModel (SGLang's name; vLLM serves it through vllm_plugin/) reads as our DSpark."""
+    cfg = make_draft("dspark").config
+    config = vllm_config(cfg)
+    config["architectures"] = ["Qwen3DSparkDraftModel"]
+    back = draft_config_from_vllm_config(config)
+    assert back.kind == "dspark" and back.markov_rank == cfg.markov_rank and back.sample_from_anchor == cfg.sample_from_anchor

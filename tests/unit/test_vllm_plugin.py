@@ -16,7 +16,7 @@ PLUGIN_DIR = Path(__file__).resolve().parents[2] / "vllm_plugin"
 sys.path.insert(0, str(PLUGIN_DIR))  # the plugin is installed in the serving env only
 
 from blockdraft_vllm_plugin import summary  # noqa: E402
-from blockdraft_vllm_plugin.aliases import ALIASES, normalise_architectures, register_aliases  # noqa: E402
+from blockdraft_vllm_plugin.aliases import ALIASES, normalise_architectures, register_aliases, registrable  # noqa: E402
 
 from blockdraft.serve.draft_aliases import ALIASES as PREFLIGHT_ALIASES  # noqa: E402
 from blockdraft.vllm_runtime.probe import ALIAS_PLUGIN  # noqa: E402
@@ -54,34 +54,46 @@ def vllm_like():
     return StandInRegistry({
         "DFlashDraftModel": Lazy("vllm.model_executor.models.qwen3_dflash", "DFlashQwen3ForCausalLM"),
         "DFlash2DraftModel": Backed(DFlash2Model),
+        "Qwen3DSparkModel": Lazy("vllm.model_executor.models.qwen3_dspark", "Qwen3DSparkForCausalLM"),
+        # vLLM's DeepSeek-V4 DSpark draft: the name vLLM itself renames a qwen3 one from, never an alias target.
+        "DSparkDraftModel": Lazy("vllm.models.deepseek_v4", "DSparkDeepseekV4ForCausalLM"),
     })
 
 
 def test_missing_aliases_point_at_vllms_own_entries_lazy_and_class_backed():
     registry = vllm_like()
     added, present, missing = register_aliases(registry)
-    assert (added, present, missing) == (["Qwen3DFlashDraftModel", "Qwen3DFlash2DraftModel"], [], [])
+    assert (added, present, missing) == (["Qwen3DFlashDraftModel", "Qwen3DFlash2DraftModel", "Qwen3DSparkDraftModel"], [], [])
     assert registry.models["Qwen3DFlashDraftModel"] == registry.models["DFlashDraftModel"]  # stays lazy
     assert registry.calls[0] == ("Qwen3DFlashDraftModel", "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM")
     assert registry.models["Qwen3DFlash2DraftModel"].model_cls is DFlash2Model
+    assert registry.calls[2] == ("Qwen3DSparkDraftModel", "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkForCausalLM")
 
 
 def test_an_alias_the_registry_has_is_never_overwritten_and_a_second_call_changes_nothing():
     own = Lazy("vllm.model_executor.models.other", "TheirDraft")
     registry = vllm_like()
     registry.models["Qwen3DFlashDraftModel"] = own
-    assert register_aliases(registry) == (["Qwen3DFlash2DraftModel"], ["Qwen3DFlashDraftModel"], [])
+    assert register_aliases(registry) == (["Qwen3DFlash2DraftModel", "Qwen3DSparkDraftModel"], ["Qwen3DFlashDraftModel"], [])
     before, calls = dict(registry.models), len(registry.calls)
     assert register_aliases(registry) == ([], list(ALIASES), [])
     assert registry.models == before and len(registry.calls) == calls and registry.models["Qwen3DFlashDraftModel"] is own
 
 
 def test_an_alias_without_a_vllm_implementation_is_not_registered():
-    registry = StandInRegistry({"DFlashDraftModel": Lazy("m", "C")})  # a vLLM without DFlash2
-    assert register_aliases(registry) == (["Qwen3DFlashDraftModel"], [], ["Qwen3DFlash2DraftModel"])
-    assert "Qwen3DFlash2DraftModel" not in registry.models
-    only = {"Qwen3DFlashDraftModel": "DFlashDraftModel"}  # what register() passes when the hook is missing
+    registry = StandInRegistry({"DFlashDraftModel": Lazy("m", "C")})  # a vLLM without DFlash2 and DSpark
+    assert register_aliases(registry) == (["Qwen3DFlashDraftModel"], [], ["Qwen3DFlash2DraftModel", "Qwen3DSparkDraftModel"])
+    assert "Qwen3DFlash2DraftModel" not in registry.models and "Qwen3DSparkDraftModel" not in registry.models
+
+
+def test_without_the_rename_only_aliases_vllm_does_not_select_by_name_are_registered():
+    # vLLM picks DFlash2 by the literal DFlash2DraftModel and the Qwen3 DSpark path by the literal
+    # Qwen3DSparkModel (any other DSpark name is read as a DeepSeek-V4 draft): without the rename
+    # their aliases would resolve to the right class and still be run as something else.
+    only = registrable(ALIASES, renamed=False)
+    assert only == {"Qwen3DFlashDraftModel": "DFlashDraftModel"}
     assert register_aliases(vllm_like(), only) == (["Qwen3DFlashDraftModel"], [], [])
+    assert registrable(ALIASES, renamed=True) == ALIASES
 
 
 @pytest.mark.parametrize("alias,name", list(ALIASES.items()))
@@ -92,6 +104,17 @@ def test_an_alias_is_read_as_its_registry_name_in_memory(alias, name):
     assert normalise_architectures(config, registry) == ([alias], [name])
     assert config.architectures == [name]
     assert normalise_architectures(config, registry) is None  # already the registry name
+
+
+def test_a_qwen3_dspark_alias_is_read_as_the_literal_name_vllm_keeps_on_the_qwen3_path():
+    registry = vllm_like()
+    register_aliases(registry)
+    config = SimpleNamespace(architectures=["Qwen3DSparkDraftModel"], model_type="qwen3")
+    assert normalise_architectures(config, registry) == (["Qwen3DSparkDraftModel"], ["Qwen3DSparkModel"])
+    # vLLM's own names are never renamed: DSparkDraftModel (DeepSeek-V4, or qwen3 renamed by vLLM itself)
+    # and Qwen3DSparkModel stay as they are.
+    for name in ("DSparkDraftModel", "Qwen3DSparkModel"):
+        assert normalise_architectures(SimpleNamespace(architectures=[name], model_type="qwen3"), registry) is None
 
 
 def test_names_vllm_serves_differently_or_not_at_all_are_left_alone():

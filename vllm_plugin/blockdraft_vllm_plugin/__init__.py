@@ -1,15 +1,16 @@
-"""A vLLM general plugin: serve DFlash / DFlash2 drafts saved by other training stacks unchanged.
+"""A vLLM general plugin: serve DFlash / DFlash2 / DSpark drafts saved by other training stacks unchanged.
 
-Those stacks write `architectures: ["Qwen3DFlashDraftModel"]` / `["Qwen3DFlash2DraftModel"]`;
-vLLM knows only DFlashDraftModel / DFlash2DraftModel. `register` (the entry point vLLM calls
-in each of its processes) adds the aliases vLLM lacks, pointing at vLLM's own classes, and
-makes a loaded draft config carry the registry name (hook.py says why both are needed).
+Those stacks write `architectures: ["Qwen3DFlashDraftModel"]` / `["Qwen3DFlash2DraftModel"]` /
+`["Qwen3DSparkDraftModel"]`; vLLM knows only DFlashDraftModel / DFlash2DraftModel /
+Qwen3DSparkModel. `register` (the entry point vLLM calls in each of its processes) adds the
+aliases vLLM lacks, pointing at vLLM's own classes, and makes a loaded draft config carry the
+registry name (hook.py says why both are needed).
 """
 
 from __future__ import annotations
 
 from blockdraft_vllm_plugin import announce, hook
-from blockdraft_vllm_plugin.aliases import ALIASES, register_aliases
+from blockdraft_vllm_plugin.aliases import ALIASES, register_aliases, registrable
 
 _registered = False  # vLLM loads plugins once per process; a direct second call is a no-op too
 
@@ -22,9 +23,10 @@ def register() -> None:
     from vllm.model_executor.models import ModelRegistry
 
     hooked = hook.install()
-    # Without the rename a DFlash2 alias must stay unknown to vLLM: resolved to the DFlash2
-    # class but selected by name as plain DFlash, it would draft wrongly without a word.
-    aliases = ALIASES if hooked else {a: n for a, n in ALIASES.items() if n != "DFlash2DraftModel"}
+    # Without the rename a DFlash2 or DSpark alias must stay unknown to vLLM: resolved to the right
+    # class but selected by name as plain DFlash (or a DeepSeek-V4 DSpark draft), it would draft
+    # wrongly or fail to load.
+    aliases = registrable(ALIASES, hooked)
     try:
         added, present, missing = register_aliases(ModelRegistry, aliases)
     except (AttributeError, TypeError, ValueError) as err:  # a registry of another shape: vLLM must still start

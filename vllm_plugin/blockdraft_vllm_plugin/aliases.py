@@ -1,4 +1,4 @@
-"""The training stacks' draft names, mapped onto vLLM's own DFlash implementations.
+"""The training stacks' draft names, mapped onto vLLM's own DFlash and DSpark implementations.
 
 Pure functions over a registry-like object (`.models`: name -> entry, `.register_model(name,
 "module:Class" | class)`), so they run against vLLM's ModelRegistry and against a stand-in alike.
@@ -10,12 +10,22 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 # alias -> the registry name vLLM serves it as. vLLM chooses its DFlash2 speculator (and the
-# V2 model runner) by the literal name DFlash2DraftModel, so the alias must not merely resolve
-# to the same class: the in-memory config must carry the registry name (see hook.py).
+# V2 model runner) by the literal name DFlash2DraftModel, and its Qwen3 DSpark path by the literal
+# Qwen3DSparkModel (config/speculative.py: any other DSpark name is taken for a DeepSeek-V4 draft),
+# so such an alias must not merely resolve to the same class: the in-memory config must carry the
+# registry name (see hook.py). Qwen3DSparkDraftModel is SGLang's name for a Qwen3 DSpark draft.
 ALIASES: Dict[str, str] = {
     "Qwen3DFlashDraftModel": "DFlashDraftModel",
     "Qwen3DFlash2DraftModel": "DFlash2DraftModel",
+    "Qwen3DSparkDraftModel": "Qwen3DSparkModel",
 }
+# The registry names vLLM tests for literally: an alias of one is registered only with the rename.
+SELECTED_BY_NAME = ("DFlash2DraftModel", "Qwen3DSparkModel")
+
+
+def registrable(aliases: Dict[str, str], renamed: bool) -> Dict[str, str]:
+    """The aliases to register: all with the in-memory rename, else none vLLM would select wrongly."""
+    return dict(aliases) if renamed else {a: n for a, n in aliases.items() if n not in SELECTED_BY_NAME}
 
 
 def implementation(entry) -> Optional[str]:

@@ -6,8 +6,10 @@ renames every name that neither starts nor ends with "DFlash" to "DFlash" + name
 (Qwen3DFlashDraftModel -> DFlashQwen3DFlashDraftModel, in no registry); and the DFlash2
 speculator of the V2 runner, like the V1 runner's refusal of candidate-head drafts, tests for
 the literal "DFlash2DraftModel", so a DFlash2 draft under another name would be run as plain
-DFlash. With the registry name in the loaded config, vLLM does exactly what it does for a
-draft exported under that name. The draft's config.json on disk is not touched.
+DFlash; for method "dspark" SpeculativeConfig keeps the Qwen3 DSpark path only for the literal
+"Qwen3DSparkModel" and turns any other DSpark name into a DeepSeek-V4 draft. With the registry
+name in the loaded config, vLLM does exactly what it does for a draft exported under that name.
+The draft's config.json on disk is not touched.
 
 Where: SpeculativeConfig builds the draft's ModelConfig with
 hf_overrides=SpeculativeConfig.hf_config_override (looked up when the ModelConfig is built, and
@@ -56,9 +58,9 @@ def install() -> bool:
         # A warning shows even before vLLM configures logging (Python's last-resort handler).
         announce.logger.warning(
             "blockdraft_vllm_plugin: this vLLM has no %s to hook, so a draft's config keeps its alias name: "
-            "Qwen3DFlash2DraftModel is left unregistered (selected by name, it would run as plain DFlash) and "
-            "Qwen3DFlashDraftModel may be refused. Export drafts under vLLM's names (DFlashDraftModel / "
-            "DFlash2DraftModel) for this vLLM.",
+            "Qwen3DFlash2DraftModel and Qwen3DSparkDraftModel are left unregistered (selected by name, they would "
+            "run as plain DFlash or a DeepSeek-V4 DSpark draft) and Qwen3DFlashDraftModel may be refused. Export "
+            "drafts under vLLM's names (DFlashDraftModel / DFlash2DraftModel / Qwen3DSparkModel) for this vLLM.",
             HOOKED,
         )
         return False

@@ -1,9 +1,12 @@
 """Reference speculative decoding: a target with a KV cache (re-read in full where it has
-recurrent layers: `target_state`), a DFlash(2) / Domino draft with a cache of its projected
-context, batch size 1. Lossless by construction; tested token for token against the target's own decode.
+recurrent layers: `target_state`), a DFlash(2) / Domino / DSpark draft with a cache of its
+projected context, batch size 1. Lossless by construction; tested token for token against the
+target's own decode.
 
 One step, with the last token t at position a (not yet seen by the target):
     draft:  block [t, MASK x K] at positions a..a+K -> proposals d_1..d_K (+ their q)
+            (DSpark with sample_from_anchor: [t, MASK x (K-1)] at a..a+K-1, every slot predicting
+            the token after it, as vLLM's DSpark speculator feeds it)
     target: [t, d_1..d_K] at positions a..a+K       -> p_0..p_K (+ features)
     accept d_i while u < p_{i-1}(d_i) / q_i(d_i); on the first rejection draw from
     norm(max(0, p - q)); if all pass, draw the bonus from p_K. Greedy is the same rule
@@ -19,6 +22,7 @@ import torch
 
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
+from blockdraft.models.dspark import DSparkDraftModel
 from blockdraft.models.layers import single_block_mask
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
@@ -26,9 +30,33 @@ from blockdraft.serve.target_state import TargetState
 
 
 @dataclass
+class PositionCalibration:
+    """Slot `position` (1-based) over the rounds that reached it (every earlier slot accepted)."""
+
+    position: int
+    reached: int
+    accepted: int
+    confidence_sum: float
+
+    @property
+    def mean_confidence(self) -> Optional[float]:
+        """The confidence head's mean prediction over the rounds that reached the slot."""
+        return self.confidence_sum / self.reached if self.reached else None
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        """The realised P(accepted at i | reached i): what the confidence head predicts."""
+        return self.accepted / self.reached if self.reached else None
+
+
+@dataclass
 class DecodeStats:
     num_speculative_tokens: int
     accepted_per_step: List[int] = field(default_factory=list)
+    confidence: List[List[float]] = field(default_factory=list)
+    """Drafts with a confidence head (DSpark): per step, each drafted slot's predicted acceptance,
+    aligned with `accepted_per_step`. A step that an accepted end-of-sequence draft ends keeps the
+    slots up to it only (the later ones decide nothing)."""
 
     @property
     def num_drafts(self) -> int:
@@ -46,6 +74,22 @@ class DecodeStats:
     def accepted_per_position(self) -> List[int]:
         """How many steps accepted slot i (1-based i = index + 1)."""
         return [sum(1 for m in self.accepted_per_step if m > i) for i in range(self.num_speculative_tokens)]
+
+    def calibration(self) -> List[PositionCalibration]:
+        """Per drafted position i = 1..K: the steps that reached it, how many of them accepted it, and
+        the confidence predicted for it in them (vLLM's meaning: the head predicts each slot's
+        acceptance given that the slots before it were accepted). Empty without a confidence head."""
+        if not self.confidence:
+            return []
+        if len(self.confidence) != len(self.accepted_per_step):
+            raise ValueError(f"{len(self.confidence)} confidence records for {len(self.accepted_per_step)} steps")
+        out = [PositionCalibration(i + 1, 0, 0, 0.0) for i in range(self.num_speculative_tokens)]
+        for accepted, slots in zip(self.accepted_per_step, self.confidence):
+            for i, conf in enumerate(slots[: accepted + 1]):  # slot i+1 is reached when slots 1..i were accepted
+                out[i].reached += 1
+                out[i].accepted += int(accepted > i)
+                out[i].confidence_sum += conf
+        return out
 
 
 @dataclass
@@ -75,7 +119,8 @@ class SpeculativeEngine:
     def __init__(self, target: TargetModel, draft, num_speculative_tokens: Optional[int] = None, eos_token_ids: Sequence[int] = ()):
         self.target = target
         self.draft = draft.eval()
-        self.k = num_speculative_tokens or draft.config.block_size - 1
+        # block_size - 1 for a fill-in block [anchor, MASK x K]; block_size for DSpark's anchor-first one.
+        self.k = num_speculative_tokens or draft.config.num_speculative_tokens
         self.eos = set(eos_token_ids)
         self.mask_id = draft.config.mask_token_id
 
@@ -112,7 +157,7 @@ class SpeculativeEngine:
         stats = DecodeStats(self.k)
         while len(out) < max_new_tokens and out[-1] not in self.eos:
             anchor_pos = n_prompt + len(out) - 1
-            proposals, q = self._propose(ctx, out[-1], anchor_pos, params, gen)  # [K], [K, V]
+            proposals, q, confidence = self._propose(ctx, out[-1], anchor_pos, params, gen)  # [K], [K, V], [K] or None
             block = torch.tensor([[out[-1], *proposals.tolist()]])
             positions = torch.arange(anchor_pos, anchor_pos + self.k + 1)[None]
             logits, feats = state.run(block, positions)
@@ -124,6 +169,9 @@ class SpeculativeEngine:
             # An accepted end-of-sequence ends the request there, as in vLLM: nothing after it
             # (drafts or the bonus token) is generated or counted as accepted.
             stop = next((i for i, tok in enumerate(appended) if tok in self.eos), None)
+            if confidence is not None:
+                decided = stop + 1 if stop is not None and stop < accepted else self.k
+                stats.confidence.append(confidence[:decided].tolist())
             if stop is not None:
                 appended, accepted = appended[: stop + 1], min(accepted, stop + 1)
             stats.accepted_per_step.append(accepted)
@@ -131,31 +179,43 @@ class SpeculativeEngine:
         return DecodeResult(_truncate(out, max_new_tokens, self.eos), stats)
 
     def _propose(self, ctx: DraftContext, anchor: int, anchor_pos: int, params, gen):
-        block_ids = torch.tensor([[anchor] + [self.mask_id] * self.k])
-        positions = torch.arange(anchor_pos, anchor_pos + self.k + 1)[None]
+        """-> proposals [K], the distribution each was drawn from [K, V], and the confidence head's
+        prediction for each [K] (None without one)."""
+        anchor_first = self.draft.config.anchor_predicts
+        n_slots = self.k if anchor_first else self.k + 1
+        block_ids = torch.tensor([[anchor] + [self.mask_id] * (n_slots - 1)])
+        positions = torch.arange(anchor_pos, anchor_pos + n_slots)[None]
         embeds = self.draft.embed(block_ids, self.target.embed_tokens)
         key_pos = torch.cat([ctx.positions, positions], 1)
         mask = single_block_mask(positions, key_pos, self.draft.config.sliding_window, self.draft.config.is_causal)
-        hidden = self.draft(embeds, positions, ctx.kv, mask)[:, 1:]  # [1, K, H]
-        if isinstance(self.draft, DominoDraftModel):
-            # Serial: each slot is corrected with the tokens drafted before it, and q_i is what d_i was
-            # drawn from given them, as verification's p_i is given the same tokens.
-            def pick(slot_logits):
-                slot_q = probabilities(slot_logits, params)
-                return draw(slot_q, gen), slot_q
+        hidden = self.draft(embeds, positions, ctx.kv, mask)
+        hidden = hidden if anchor_first else hidden[:, 1:]  # [1, K, H]: the predicting slots
 
+        # Serial drafts (Domino, DSpark): each slot is corrected with the tokens drafted before it, and
+        # q_i is what d_i was drawn from given them, as verification's p_i is given the same tokens.
+        def pick(slot_logits):
+            slot_q = probabilities(slot_logits, params)
+            return draw(slot_q, gen), slot_q
+
+        if isinstance(self.draft, DSparkDraftModel):
+            tokens, q, confidence = self.draft.decode(hidden, torch.tensor([anchor]), self.target.lm_head_weight, pick)
+            q = q[0]  # [K, V_draft]
+            if self.draft.reduced_vocab:  # draft id i is target id draft_token_ids()[i]
+                q = q.new_zeros(self.k, self.draft.config.vocab_size).index_copy_(1, self.draft.draft_token_ids(), q)
+            return tokens[0], q, None if confidence is None else confidence[0]
+        if isinstance(self.draft, DominoDraftModel):
             tokens, q = self.draft.decode(
                 hidden, torch.tensor([anchor]), self.target.embed_tokens, self.target.lm_head_weight, pick
             )
-            return tokens[0], q[0]
+            return tokens[0], q[0], None
         logits = self.draft.logits(hidden, self.target.lm_head_weight)  # [1, K, V]
         if isinstance(self.draft, DFlash2DraftModel):
             tokens, q = self.draft.candidate_selector.walk(
                 hidden, logits, torch.tensor([anchor]), self.draft.config.selector_top_k, params.temperature, gen
             )
-            return tokens[0], q[0]
+            return tokens[0], q[0], None
         q = probabilities(logits[0], params)  # [K, V]
-        return draw(q, gen), q
+        return draw(q, gen), q, None
 
     @staticmethod
     def _verify(proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gen) -> tuple:

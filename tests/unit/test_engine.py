@@ -97,7 +97,7 @@ def test_an_accepted_eos_inside_a_block_ends_the_request(tiny_hf, tiny_target):
     def oracle(ctx, anchor, anchor_pos, params, gen):
         nxt = truth[anchor_pos - len(prompt) + 1:][:k]
         proposals = torch.tensor(nxt + [0] * (k - len(nxt)))
-        return proposals, torch.nn.functional.one_hot(proposals, tiny_hf.config.vocab_size).float()
+        return proposals, torch.nn.functional.one_hot(proposals, tiny_hf.config.vocab_size).float(), None
 
     engine._propose = oracle
     res = engine.generate(prompt, 24)

@@ -57,6 +57,11 @@ def run_reference(
     round_.draft = decode_all(engine.generate, prompts, max_tokens, stats)
     record.timings_s["generation_draft"] = sum(c.seconds for c in round_.draft)
     round_.metrics = spec_metrics(stats, engine.k)
+    calibration = stats.calibration()
+    if calibration:  # a DSpark draft's confidence head: what it predicted per slot, and what happened
+        record.environment["confidence_calibration"] = [
+            {"position": c.position, "reached": c.reached, "accepted": c.accepted,
+             "mean_confidence": c.mean_confidence, "acceptance_rate": c.acceptance_rate} for c in calibration]
 
 
 def decode_all(
@@ -72,6 +77,7 @@ def decode_all(
         out.append(Completion(prompt.index, list(result.tokens), time.perf_counter() - began, None))
         if stats is not None and result.stats is not None:
             stats.accepted_per_step += result.stats.accepted_per_step
+            stats.confidence += result.stats.confidence
     return out
 
 

@@ -233,6 +233,13 @@ def plot_acceptance(per_position: List[float], cumulative: List[float], path: Pa
     plt.close(fig)
 
 
+def _calibration_line(rows: List[dict]) -> str:
+    """Per drafted slot: the confidence head's mean prediction against the share of the rounds that
+    reached the slot and accepted it."""
+    return "; ".join(f"slot {r['position']}: predicted {r['mean_confidence']:.2f}, accepted {r['acceptance_rate']:.2f} "
+                     f"of {r['reached']}" for r in rows if r["reached"])
+
+
 def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
     stream = stream or sys.stdout  # looked up per call, so a redirected stdout is honoured
     rows = [
@@ -242,6 +249,8 @@ def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
         ("draft active", _fmt(report.get("draft_active"))),
         ("mean acceptance length", _fmt(report.get("mean_acceptance_length"))),
         ("acceptance per position", " ".join(f"{r:.2f}" for r in report.get("acceptance_per_position") or []) or "-"),
+        *((("confidence calibration", _calibration_line(report["confidence_calibration"])),)
+          if report.get("confidence_calibration") else ()),
         ("tokens/s baseline", _fmt(report.get("tokens_per_s_baseline"))),
         ("tokens/s draft", _fmt(report.get("tokens_per_s_draft"))),
         ("speedup", _speedup_line(report)),

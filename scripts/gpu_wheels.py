@@ -35,9 +35,11 @@ TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_pl
               "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64"]
-# Modules the GPU steps import (training, capture, the CUDA tests' helpers); none may need an optional package.
+# Modules the GPU steps import (training, capture, the CUDA tests' helpers, the --serve gate); none may
+# need an optional package.
 GPU_STEP_MODULES = ["blockdraft.train.__main__", "blockdraft.train.loop", "blockdraft.data.capture",
-                    "blockdraft.train.validation", "blockdraft.export.__main__"]
+                    "blockdraft.train.validation", "blockdraft.export.__main__", "blockdraft.serve.gate",
+                    "blockdraft.serve.harness", "blockdraft.serve.preflight"]
 
 
 def load_list(path: Path = LIST) -> dict:

@@ -29,7 +29,7 @@ def test_dry_run_finds_every_step_ready():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "dry run: every step is ready" in proc.stdout
-    assert proc.stdout.count("ok    ") == 7
+    assert proc.stdout.count("ok    ") == 8
 
 
 def test_the_wheels_list_refuses_a_missing_requirement_and_a_wrong_pin(tmp_path):
@@ -86,3 +86,36 @@ def test_bench_model_flops_equal_what_torch_counts_for_the_matmuls():
     assert _matmul_flops(counted_target) == pytest.approx(expected["target_matmul"], rel=2e-3)
     assert _matmul_flops(counted_draft) == pytest.approx(expected["draft_matmul"], rel=1e-9)
     assert _matmul_flops(counted_head) == pytest.approx(expected["head"], rel=1e-9)
+
+
+def _gate_words(target, out, python):
+    """The --serve step's gate arguments, as the script's own gate_args prints them."""
+    script = f'eval "$(sed -n "/^gate_args()/,/^}}/p" scripts/gpu_check.sh)"; gate_args {target} {out} {python}'
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    return proc.stdout.split()
+
+
+def test_serve_mode_gates_a_bfloat16_dspark_export_on_vllm_with_method_dspark(tmp_path):
+    from types import SimpleNamespace
+
+    from blockdraft.serve.harness import speculative_config
+    from tests.unit.command_check import run_app
+
+    words = _gate_words(REPO / ".cache/targets/smollm2-135m-instruct", tmp_path / "gate", "/srv/vllm/bin/python")
+    assert {"engine=vllm", "dtype=bfloat16", "draft=dspark", "vllm_python=/srv/vllm/bin/python"} <= set(words)
+    status, printed = run_app("gate", [*words, "--cfg", "job"])
+    assert status == 0, printed[-2000:]
+    assert "kind: dspark" in printed and "train_mask_embedding: false" in printed and "markov_rank: 64" in printed
+    # What the harness then asks vLLM for, for a dspark export.
+    plan = SimpleNamespace(draft=SimpleNamespace(kind="dspark", directory=tmp_path), num_speculative_tokens=4)
+    assert speculative_config(plan)["method"] == "dspark"
+
+
+def test_serve_mode_refuses_a_machine_without_vllm_before_any_work(tmp_path):
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100'\n")
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "VLLM_PYTHON": str(tmp_path / "no-python")}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--serve", "--results", str(tmp_path / "r.md")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no vLLM in VLLM_PYTHON=" in proc.stderr
+    assert not (tmp_path / "r.md").exists()

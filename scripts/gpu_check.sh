@@ -16,7 +16,7 @@
 #   3. the demo recipe           SmolLM2-135M-shaped target (random weights), bf16, flex: step time
 # --serve, a second command of under 10 minutes (vLLM pins its own torch: it is the machine's own
 # interpreter, VLLM_PYTHON, default .venv-serve/bin/python, never carried in the kit):
-#   4. the gate on a DSpark draft  the CPU DSpark recipe's draft trained on the random-weight
+#   4. the gate on a DSpark draft  smollm2_dspark_cpu's draft trained on the random-weight
 #                                SmolLM2-135M's own reply, exported in bfloat16, served by vLLM with
 #                                method dspark (its V2 GPU runner): the reply unchanged, the draft accepted
 set -uo pipefail
@@ -66,9 +66,8 @@ recipe_args() {
 # only (engine=vllm refuses rather than fall back to the reference engine), method dspark (what the
 # harness sends for a dspark export). $1 the target, $2 out, $3 the serving Python.
 gate_args() {
-  echo "target=$1 out=$2 vllm_python=$3 experiment=smollm2_dflash_cpu draft=dspark draft.train_mask_embedding=false" \
-       "draft.markov_rank=64 steps=150 max_steps=300 dtype=bfloat16 engine=vllm overwrite=true" \
-       "train.attention_backend=sdpa train.dtype=bfloat16"
+  echo "target=$1 out=$2 vllm_python=$3 experiment=smollm2_dspark_cpu steps=150 max_steps=300 dtype=bfloat16" \
+       "engine=vllm overwrite=true train.attention_backend=sdpa train.dtype=bfloat16"
 }
 
 prepare() {

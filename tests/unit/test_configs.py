@@ -92,3 +92,28 @@ def test_qwen3_8b_recipes_match_the_published_drafters():
         d = compose("train", [f"experiment={name}", "run_dir=/tmp/x"]).draft
         assert (d.kind, d.num_layers, d.block_size, d.mask_token_id) == (kind, 5, 16, 151669)
         assert list(d.target_layer_ids) == [1, 9, 17, 25, 33]
+
+
+def test_the_qwen3_8b_dspark_recipe_has_speculators_example_sizes():
+    d = compose("train", ["experiment=qwen3_8b_dspark", "run_dir=/tmp/x"]).draft
+    assert (d.kind, d.num_layers, d.block_size, d.mask_token_id, d.draft_vocab_size) == ("dspark", 3, 8, 151669, 32000)
+    assert (d.markov_rank, d.markov_head_type, d.enable_confidence_head, d.confidence_head_with_markov) == (256, "vanilla", True, True)
+    # speculators' default aux ids [2, L // 2, L - 3] for 36 layers, as target layers (aux - 1).
+    assert list(d.target_layer_ids) == [1, 17, 32] and d.sample_from_anchor and not d.train_mask_embedding
+
+
+def test_the_cpu_dspark_recipe_is_the_demo_recipe_but_for_what_dspark_needs():
+    def flat(experiment):
+        tree = OmegaConf.to_container(compose("train", [f"experiment={experiment}", "run_dir=/tmp/x"]))
+        return {f"{group}.{k}": v for group, keys in tree.items() if isinstance(keys, dict) for k, v in keys.items()} | {
+            k: v for k, v in tree.items() if not isinstance(v, dict)}
+
+    dflash, dspark = flat("smollm2_dflash_cpu"), flat("smollm2_dspark_cpu")
+    changed = {k: (dflash[k], dspark[k]) for k in dflash if dflash[k] != dspark[k]}
+    assert changed == {
+        "name": ("smollm2_dflash_cpu", "smollm2_dspark_cpu"),
+        "draft.kind": ("dflash", "dspark"),
+        "draft.train_mask_embedding": (True, False),  # vLLM's DSpark ignores a trained MASK embedding
+        "draft.markov_rank": (256, 64),
+        "train.position_weighting": ("dpace", "decay"),  # configs/objective/dspark.yaml, after the experiment
+    }

@@ -102,7 +102,7 @@ def test_serve_mode_gates_a_bfloat16_dspark_export_on_vllm_with_method_dspark(tm
     from tests.unit.command_check import run_app
 
     words = _gate_words(REPO / ".cache/targets/smollm2-135m-instruct", tmp_path / "gate", "/srv/vllm/bin/python")
-    assert {"engine=vllm", "dtype=bfloat16", "draft=dspark", "vllm_python=/srv/vllm/bin/python"} <= set(words)
+    assert {"engine=vllm", "dtype=bfloat16", "experiment=smollm2_dspark_cpu", "vllm_python=/srv/vllm/bin/python"} <= set(words)
     status, printed = run_app("gate", [*words, "--cfg", "job"])
     assert status == 0, printed[-2000:]
     assert "kind: dspark" in printed and "train_mask_embedding: false" in printed and "markov_rank: 64" in printed

@@ -26,6 +26,32 @@ def test_jetspec_trains_its_papers_objective_under_any_experiment(experiment):
     assert _schema(experiment=experiment).train.kl_weight == 0.0
 
 
+# Config-only shapes of the recipes' targets (their config.json as transformers reads it).
+RECIPE_TARGETS = {
+    "qwen3_8b_dspark": dict(family="qwen3", num_hidden_layers=36, hidden_size=4096, intermediate_size=12288,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "smollm2_dspark_cpu": dict(family="llama", num_hidden_layers=30, hidden_size=576, intermediate_size=1536,
+                               num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152),
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(RECIPE_TARGETS))
+def test_the_dspark_recipes_train_dsparks_objective_and_resolve_for_their_targets(experiment, tmp_path):
+    import transformers as T
+
+    from blockdraft.models.resolve import resolve_draft_config
+
+    shape = dict(RECIPE_TARGETS[experiment])
+    target = {"qwen3": T.Qwen3Config, "llama": T.LlamaConfig}[shape.pop("family")](**shape)
+    target.to_json_file(tmp_path / "config.json")
+    cfg = _schema(f"target.path={tmp_path}", experiment=experiment)
+    t = cfg.train
+    assert (t.position_weighting, t.gamma, t.confidence_weight, t.confidence_target) == ("decay", 4.0, 1.0, "greedy")
+    check_config(cfg, data_ready=False)  # the 8B recipe leaves data.train to the command line
+    draft = resolve_draft_config(cfg.draft, target)  # validates: layer ids, mask token, DSpark's heads
+    assert draft.kind == "dspark" and draft.num_speculative_tokens == draft.block_size
+
+
 def test_the_command_line_still_brings_the_decay_back_to_jetspec():
     assert _schema("draft=jetspec", "train.gamma=4.0").train.gamma == 4.0
 

@@ -124,15 +124,18 @@ KIND_ONLY_KEYS = {"conv_kernel_size": "dflash2", "conv_group_size": "dflash2", "
                                                "confidence_head_with_markov", "sample_from_anchor")}}
 
 
-def identity_diffs(saved, now) -> List[str]:
+def identity_diffs(saved, now, ignore: tuple = ()) -> List[str]:
     saved, now = saved.to_dict(), now.to_dict()
     kinds = {saved.get("kind"), now.get("kind")}
-    keys = [k for k in IDENTITY_KEYS if k not in KIND_ONLY_KEYS or KIND_ONLY_KEYS[k] in kinds]
+    keys = [k for k in IDENTITY_KEYS if (k not in KIND_ONLY_KEYS or KIND_ONLY_KEYS[k] in kinds) and k not in ignore]
     return [f"{k}: saved {saved.get(k)!r} vs now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
 
 
 def check_same_identity(saved, now, source: str) -> None:
-    diffs = identity_diffs(saved, now)
+    """An imported draft (init_from) against the configured one. num_target_layers shapes no weight, and
+    exports of other stacks (speculators' among them) do not record it: the importer can only infer it
+    from the target layers, and the configured target's own count is checked against them already."""
+    diffs = identity_diffs(saved, now, ignore=("num_target_layers",))
     if diffs:
         raise ConfigError(f"{source} holds a different draft than configured:\n  " + "\n  ".join(diffs)
                           + "\nSet the draft.* keys to match it.")

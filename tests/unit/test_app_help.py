@@ -90,7 +90,8 @@ def test_subcommands_print_their_settings_for_cfg_job(target_dir, tmp_path, caps
         "demo": ["demo", "--cfg", "job", f"out={tmp_path / 'd'}"],
         "inspect": ["inspect", "--cfg", "job", str(tmp_path)],
     }
-    needles = {"pipeline": "# --- train:", "gate": "# --- training", "suggest": "num_draft_layers: 5", "demo": "experiment: smollm2_dflash_cpu",
+    # The demo's: its preset before SmolLM2 is prepared, the stages' composed configs after; both name the recipe.
+    needles = {"pipeline": "# --- train:", "gate": "# --- training", "suggest": "num_draft_layers: 5", "demo": "smollm2_dflash_cpu",
                "inspect": f"inspect: {tmp_path}"}
     for name, argv in cases.items():
         code, out, err = run(capsys, *argv)

@@ -53,10 +53,18 @@ def capture_inputs(s: PipelineSettings, cfg) -> dict:
     return placeheld({"store": planned_identity(cfg, torch.device("cuda" if on_cuda() else "cpu"))}, s)
 
 
+# Settings that shape one draft kind only: keyed for that kind, left out for the others, so that a
+# finished run of another kind keeps its key when they were added.
+KIND_ONLY = {"dspark": ("draft.markov_rank", "draft.markov_head_type", "draft.enable_confidence_head",
+                        "draft.confidence_head_with_markov", "draft.sample_from_anchor", "draft.dspark_draft_topk",
+                        "train.confidence_weight", "train.confidence_target")}
+
+
 def train_inputs(s: PipelineSettings, cfg, use_store: bool) -> dict:
     """The recipe, the store choice and the world size (the global batch); not the node's rank, the
     rendezvous address or the interpreter: every node computes the same key."""
-    neutral = (*type(cfg).OUTPUT_NEUTRAL, *type(cfg).EXTENT)
+    other_kinds = [key for kind, keys in KIND_ONLY.items() if kind != cfg.draft.kind for key in keys]
+    neutral = (*type(cfg).OUTPUT_NEUTRAL, *type(cfg).EXTENT, *other_kinds)
     world = s.nproc * int(s.torchrun.get("nnodes", 1))
     return placeheld({"config": without(cfg, neutral), "store": use_store, "world_size": world}, s)
 

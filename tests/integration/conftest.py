@@ -67,7 +67,7 @@ def tiny_domino_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_dspark_run(tmp_path_factory):
-    return train_tiny(tmp_path_factory.mktemp("dspark") / "run", "draft=dspark", "draft.markov_rank=16", "train.max_steps=120")
+    return train_tiny(tmp_path_factory.mktemp("dspark") / "run", "draft=dspark", "draft.markov_rank=16")
 
 
 # The tiny recipe's replies use 34 distinct tokens: 28 leaves a few labels outside the vocabulary.

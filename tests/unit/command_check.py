@@ -232,3 +232,18 @@ def check_vllm_serve(args: List[str]) -> Optional[str]:
     if spec.get("method") not in ("dflash", "dspark", None):
         problems.append(f"method {spec.get('method')!r}")
     return f"--speculative-config lacks or misnames {problems}" if problems else None
+
+
+def config_only_target(path: Path, family: str, tokenizer_from: Path, **shape) -> Path:
+    """A target directory with a real family's config.json (and a small tokenizer): what composing and
+    validating read; no weights, which `--cfg job` never loads."""
+    import transformers as T
+
+    config = {"qwen3": T.Qwen3Config, "llama": T.LlamaConfig}[family](**shape)
+    config.architectures = [{"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[family]]
+    path.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(path / "config.json")
+    for name in tokenizer_from.iterdir():
+        if "token" in name.name or name.name == "chat_template.jinja":
+            (path / name.name).write_bytes(name.read_bytes())
+    return path

@@ -8,25 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.command_check import REPO, Command, Concrete, check, commands_in_markdown
+from tests.unit.command_check import REPO, Command, Concrete, check, commands_in_markdown, config_only_target
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 COMMANDS = [command for page in DOCS for command in commands_in_markdown(page)]
-
-
-def config_only_target(path: Path, family: str, tokenizer_from: Path, **shape) -> Path:
-    """A target directory with a real family's config.json (and a small tokenizer): what composing and
-    validating read; no weights, which `--cfg job` never loads."""
-    import transformers as T
-
-    config = {"qwen3": T.Qwen3Config, "llama": T.LlamaConfig}[family](**shape)
-    config.architectures = [{"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}[family]]
-    path.mkdir(parents=True, exist_ok=True)
-    config.to_json_file(path / "config.json")
-    for name in tokenizer_from.iterdir():
-        if "token" in name.name or name.name == "chat_template.jinja":
-            (path / name.name).write_bytes(name.read_bytes())
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -99,9 +99,14 @@ def test_serve_mode_gates_a_bfloat16_dspark_export_on_vllm_with_method_dspark(tm
     from types import SimpleNamespace
 
     from blockdraft.serve.harness import speculative_config
-    from tests.unit.command_check import run_app
+    from blockdraft.models.tiny_target import save_tiny_target
+    from tests.unit.command_check import config_only_target, run_app
 
-    words = _gate_words(REPO / ".cache/targets/smollm2-135m-instruct", tmp_path / "gate", "/srv/vllm/bin/python")
+    # SmolLM2-135M's shape, config only (--cfg job loads no weights; a fresh checkout has not prepared SmolLM2).
+    tiny = save_tiny_target(REPO / ".cache" / "targets" / "tiny-qwen3", "qwen3")
+    smollm2 = config_only_target(tmp_path / "smollm2-135m-instruct", "llama", tiny, num_hidden_layers=30, hidden_size=576,
+                                 intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, vocab_size=49152)
+    words = _gate_words(smollm2, tmp_path / "gate", "/srv/vllm/bin/python")
     assert {"engine=vllm", "dtype=bfloat16", "experiment=smollm2_dspark_cpu", "vllm_python=/srv/vllm/bin/python"} <= set(words)
     status, printed = run_app("gate", [*words, "--cfg", "job"])
     assert status == 0, printed[-2000:]

@@ -153,3 +153,16 @@ def test_a_frozen_pair_on_a_gpu_is_refused_before_any_work(target, tmp_path, cap
              "serve.device=cuda"]
     assert app.main(words) == 2
     assert "serve.servers=frozen keeps a baseline and a draft" in capsys.readouterr().err and not out.exists()
+
+
+def test_dspark_settings_key_a_dspark_run_only(target, tmp_path):
+    """Settings that shape only a DSpark draft are in a DSpark run's train key, and out of every other
+    kind's, so a finished DFlash run kept its key when they were added."""
+    from blockdraft.pipeline.keys import KIND_ONLY
+
+    def train_keys(*extra):
+        return next(key_settings(st.inputs) for st in stages_of(tmp_path, *extra) if st.name == "train")
+
+    dspark = {f"config.{key}" for key in KIND_ONLY["dspark"]}
+    assert dspark <= set(train_keys("draft=dspark", "draft.markov_rank=8"))
+    assert not dspark & set(train_keys())

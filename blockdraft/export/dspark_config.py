@@ -33,6 +33,19 @@ def dspark_keys(cfg: DraftModelConfig) -> dict:
     return out
 
 
+def dspark_backbone_keys(config: Mapping) -> dict:
+    """The backbone's keys where a DSpark config without `dflash_config` keeps them, as vLLM reads them:
+    the target layers from `dspark_target_layer_ids` or `target_layer_ids` (eagle3_utils.py), the mask
+    from `mask_token_id` or `dspark_noise_token_id` (spec_decode/utils.py), the block from `block_size`
+    or `dspark_block_size` (config/speculative.py)."""
+    found = {
+        "target_layer_ids": config.get("dspark_target_layer_ids", config.get("target_layer_ids")),
+        "mask_token_id": config.get("mask_token_id", config.get("dspark_noise_token_id")),
+        "block_size": config.get("block_size", config.get("dspark_block_size")),
+    }
+    return {key: value for key, value in found.items() if value is not None}
+
+
 def read_dspark(cfg: DraftModelConfig, config: Mapping, where: str, sample_from_anchor_default: bool = True) -> None:
     """Fill `cfg`'s DSpark fields from a config.json (vLLM's, or speculators' after its renames)."""
     if config.get("markov_rank") is None:

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_with_causality
-from blockdraft.export.dspark_config import dspark_keys, read_dspark
+from blockdraft.export.dspark_config import dspark_backbone_keys, dspark_keys, read_dspark
 from blockdraft.export.reference_only import domino_dflash_config, read_domino, reference_only_keys
 from blockdraft.export.speculators_format import is_speculators_config, vllm_style_config
 from blockdraft.models.draft_config import DraftModelConfig
@@ -147,6 +147,8 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
         config = vllm_style_config(config, where)
     kind = kind_with_causality(draft_kind_of(config, where), config, where)
     dflash = dict(config.get("dflash_config") or {})
+    if kind == "dspark":
+        dflash = {**dspark_backbone_keys(config), **dflash}
     hidden = _required(config, "hidden_size", where)
     heads = _required(config, "num_attention_heads", where)
     layer_ids = _required(dflash, "target_layer_ids", where, "dflash_config.")

@@ -92,3 +92,16 @@ def test_option_values_vllm_cannot_serve_are_refused(tiny_hf, overrides, message
 def test_without_the_confidence_head_it_reads_no_markov_input(tiny_hf):
     draft = make_draft(tiny_hf, "dspark", markov_rank=8, enable_confidence_head=False)
     assert draft.confidence_head is None and not draft.config.confidence_head_with_markov
+
+
+def test_a_dspark_config_without_dflash_config_reads_as_vllm_reads_it():
+    """DSpark's own configs keep the backbone's keys at the top level (dspark_* or plain names), which
+    vLLM reads when there is no dflash_config; the importer reads them the same way."""
+    from blockdraft.export.vllm_config import draft_config_from_vllm_config, vllm_config
+    from tests.unit.export_helpers import draft_config
+
+    written = vllm_config(draft_config("dspark", markov_rank=8))
+    native = {k: v for k, v in written.items() if k not in ("dflash_config", "target_layer_ids", "mask_token_id", "block_size")}
+    native.update(dspark_target_layer_ids=[1, 3], dspark_noise_token_id=262, dspark_block_size=4)
+    read = draft_config_from_vllm_config(native)
+    assert (read.target_layer_ids, read.mask_token_id, read.block_size, read.markov_rank) == ([1, 3], 262, 4, 8)

@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from blockdraft.errors import ConfigError
-from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, DraftModelConfig
 
-HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov", "sample_from_anchor")
 # The speculators converter's default when its config has no sample_from_anchor, unlike vLLM's own (true).
 SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT = False
 
@@ -26,7 +25,7 @@ SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT = False
 def dspark_keys(cfg: DraftModelConfig) -> dict:
     if cfg.kind != "dspark":
         return {}
-    out = {key: getattr(cfg, key) for key in HEAD_KEYS}
+    out = {key: getattr(cfg, key) for key in DSPARK_HEAD_KEYS}
     out.update({"target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id})
     if cfg.dspark_draft_topk is not None:
         out["dspark_draft_topk"] = cfg.dspark_draft_topk

@@ -17,13 +17,13 @@ def serve_command(target: Optional[str], draft_dir: str | Path, cfg: DraftModelC
     it). A kind vLLM cannot serve gets the reference engine's command instead."""
     if cfg.kind in REASONS:
         return f"python -m blockdraft.serve draft={draft_dir} target={target or '<target>'} engine=reference"
-    spec = json.dumps({"method": vllm_method(cfg), "model": str(draft_dir), "num_speculative_tokens": cfg.num_speculative_tokens})
+    spec = json.dumps({"method": vllm_method(cfg.kind), "model": str(draft_dir), "num_speculative_tokens": cfg.num_speculative_tokens})
     return f"vllm serve {target or '<target>'} --speculative-config '{spec}'"
 
 
-def vllm_method(cfg: DraftModelConfig) -> str:
+def vllm_method(kind: str) -> str:
     """vLLM's speculative method: `dspark` for a DSpark draft (its V2 GPU runner), `dflash` for the rest."""
-    return "dspark" if cfg.kind == "dspark" else "dflash"
+    return "dspark" if kind == "dspark" else "dflash"
 
 
 def drafted_tokens_note(cfg: DraftModelConfig) -> str:

@@ -15,6 +15,9 @@ from blockdraft.errors import ConfigError
 DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino", "dspark")
 # vLLM 0.32 implements only the first-order Markov head for Qwen3 DSpark drafts (qwen3_dspark.py).
 MARKOV_HEAD_TYPES = ("vanilla",)
+# The settings that shape a DSpark draft beyond its DFlash backbone (its weights and its block layout).
+DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+                    "sample_from_anchor")
 
 
 @dataclass

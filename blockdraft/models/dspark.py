@@ -24,22 +24,15 @@ Domino convention; speculators initialises it at random): a DFlash checkpoint fi
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from blockdraft.models.dflash import DFlashDraftModel
+from blockdraft.models.domino import Pick, greedy_pick  # the same serial choice as Domino's head
 from blockdraft.models.draft_config import DraftModelConfig
-
-# logits [N, V_draft] -> (draft ids [N], the distribution each was drawn from [N, V_draft]).
-Pick = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
-
-
-def greedy_pick(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    tokens = logits.argmax(-1)
-    return tokens, F.one_hot(tokens, logits.shape[-1]).float()
 
 
 class MarkovHead(nn.Module):

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Dict, Iterable
 
+from blockdraft.models.draft_config import DSPARK_HEAD_KEYS
 from blockdraft.pipeline.settings import PipelineSettings
 
 
@@ -55,8 +56,7 @@ def capture_inputs(s: PipelineSettings, cfg) -> dict:
 
 # Settings that shape one draft kind only: keyed for that kind, left out for the others, so that a
 # finished run of another kind keeps its key when they were added.
-KIND_ONLY = {"dspark": ("draft.markov_rank", "draft.markov_head_type", "draft.enable_confidence_head",
-                        "draft.confidence_head_with_markov", "draft.sample_from_anchor", "draft.dspark_draft_topk",
+KIND_ONLY = {"dspark": (*(f"draft.{key}" for key in (*DSPARK_HEAD_KEYS, "dspark_draft_topk")),
                         "train.confidence_weight", "train.confidence_target")}
 
 

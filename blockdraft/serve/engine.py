@@ -75,6 +75,11 @@ class DecodeStats:
         """How many steps accepted slot i (1-based i = index + 1)."""
         return [sum(1 for m in self.accepted_per_step if m > i) for i in range(self.num_speculative_tokens)]
 
+    def add(self, other: "DecodeStats") -> None:
+        """Another request's steps after these (their confidence records too, so calibration spans both)."""
+        self.accepted_per_step += other.accepted_per_step
+        self.confidence += other.confidence
+
     def calibration(self) -> List[PositionCalibration]:
         """Per drafted position i = 1..K: the steps that reached it, how many of them accepted it, and
         the confidence predicted for it in them (vLLM's meaning: the head predicts each slot's

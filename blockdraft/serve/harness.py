@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from blockdraft.errors import ConfigError
+from blockdraft.export.model_card import vllm_method
 from blockdraft.machine import machine_facts
 from blockdraft.serve.client import Completion, RequestError, complete, complete_all, read_spec_metrics
 from blockdraft.serve.config import ServeConfig
@@ -132,7 +133,7 @@ def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
 def speculative_config(plan: Plan) -> dict:
     """vLLM's --speculative-config for the planned draft (DSpark is method dspark, every DFlash kind dflash)."""
     return {
-        "method": "dspark" if plan.draft.kind == "dspark" else "dflash",
+        "method": vllm_method(plan.draft.kind),
         "model": str(plan.draft.directory.resolve()),
         "num_speculative_tokens": plan.num_speculative_tokens,
     }

@@ -76,8 +76,7 @@ def decode_all(
         result = decode(prompt.token_ids, max_tokens, params, seed + prompt.index)
         out.append(Completion(prompt.index, list(result.tokens), time.perf_counter() - began, None))
         if stats is not None and result.stats is not None:
-            stats.accepted_per_step += result.stats.accepted_per_step
-            stats.confidence += result.stats.confidence
+            stats.add(result.stats)
     return out
 
 

@@ -20,6 +20,7 @@ import torch
 from blockdraft import faults
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import verify_checksums, write_checksums
+from blockdraft.models.draft_config import DSPARK_HEAD_KEYS
 from blockdraft.models.io import load_draft_config, save_draft
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -112,7 +113,7 @@ IDENTITY_KEYS = (
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
     "target_hidden_size", "num_target_layers", "conv_kernel_size", "conv_group_size", "selector_rank",
     "draft_vocab_size", "train_mask_embedding", "correction_hidden_size", "correction_rank",
-    "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov", "sample_from_anchor",
+    *DSPARK_HEAD_KEYS,
 )
 
 
@@ -120,8 +121,7 @@ IDENTITY_KEYS = (
 # conv_group_size, so its import holds the dataclass default), and they build nothing there.
 KIND_ONLY_KEYS = {"conv_kernel_size": "dflash2", "conv_group_size": "dflash2", "selector_rank": "dflash2",
                   "correction_hidden_size": "domino", "correction_rank": "domino",
-                  **{key: "dspark" for key in ("markov_rank", "markov_head_type", "enable_confidence_head",
-                                               "confidence_head_with_markov", "sample_from_anchor")}}
+                  **{key: "dspark" for key in DSPARK_HEAD_KEYS}}
 
 
 def identity_diffs(saved, now, ignore: tuple = ()) -> List[str]:

@@ -48,10 +48,6 @@ class VllmInfo:
         """DFlash2 and DSpark drafts run only in the V2 runner; V1 refuses them."""
         return architecture in self.dflash_archs and self.runs_v2_runner
 
-    @property
-    def can_run_dflash2(self) -> bool:
-        return self.can_run_v2_draft("DFlash2DraftModel")
-
 
 class ProbeError(RuntimeError):
     """The serving interpreter could not answer; the message holds its output tail."""

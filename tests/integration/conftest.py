@@ -32,6 +32,34 @@ def train_tiny(run_dir, *extra):
         os.chdir(cwd)
 
 
+def decode_heldout_losslessly(export, num_prompts: int):
+    """The tiny recipe's first held-out prompts decoded by the reference engine with `export`, each
+    asserted token for token equal to the tiny target's own decode; returns (the engine, the steps of
+    all of them in one DecodeStats)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from blockdraft.export.importer import import_draft
+    from blockdraft.models.target import TargetModel
+    from blockdraft.serve.engine import DecodeStats, SpeculativeEngine
+
+    target = REPO / ".cache" / "targets" / "tiny-qwen3"
+    draft, cfg = import_draft(export)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    engine = SpeculativeEngine(TargetModel.load(str(target), cfg.target_layer_ids), draft,
+                               eos_token_ids=[tokenizer.eos_token_id])
+    stats = DecodeStats(engine.k)
+    for line in (REPO / ".cache" / "tiny_cpu" / "val.jsonl").read_text().splitlines()[:num_prompts]:
+        row = json.loads(line)
+        prompt = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, return_dict=True)["input_ids"]
+        budget = row["generation"]["max_new_tokens"]
+        result = engine.generate(prompt, budget)
+        assert result.tokens == engine.target_generate(prompt, budget).tokens
+        stats.add(result.stats)
+    return engine, stats
+
+
 def capture_tiny(out, *extra):
     """A feature store of the tiny_cpu recipe's rows (what its training run consumes)."""
     from blockdraft.data.capture import run_capture

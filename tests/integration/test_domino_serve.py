@@ -1,17 +1,10 @@
 """A trained tiny Domino draft end to end: exported as a directory marked not vLLM-servable, read
 back by the importer, and decoded by the reference engine losslessly against the target."""
 
-import json
-
-from transformers import AutoTokenizer
-
-from blockdraft.export.importer import import_draft
 from blockdraft.export.writer import export_draft
-from blockdraft.models.target import TargetModel
-from blockdraft.serve.engine import DecodeStats, SpeculativeEngine
 from blockdraft.serve.preflight import read_draft
 from blockdraft.train.logger import read_metrics
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, decode_heldout_losslessly
 
 TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
 NUM_PROMPTS = 6  # of the recipe's 16 held-out prompts: enough to exercise every slot, cheap to decode
@@ -20,20 +13,8 @@ NUM_PROMPTS = 6  # of the recipe's 16 held-out prompts: enough to exercise every
 def test_trained_domino_export_is_lossless_on_the_reference_engine(tiny_domino_run, tmp_path):
     out = export_draft(tiny_domino_run, tmp_path / "domino", dtype="float32", target_dir=TARGET)
     assert read_draft(out).vllm_servable is False
-    draft, cfg = import_draft(out)
-    assert cfg.kind == "domino"
-    tokenizer = AutoTokenizer.from_pretrained(TARGET)
-    engine = SpeculativeEngine(TargetModel.load(str(TARGET), cfg.target_layer_ids), draft,
-                               eos_token_ids=[tokenizer.eos_token_id])
-    stats = DecodeStats(engine.k)
-    rows = (REPO / ".cache" / "tiny_cpu" / "val.jsonl").read_text().splitlines()[:NUM_PROMPTS]
-    for line in rows:
-        row = json.loads(line)
-        prompt = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, return_dict=True)["input_ids"]
-        budget = row["generation"]["max_new_tokens"]
-        result = engine.generate(prompt, budget)
-        assert result.tokens == engine.target_generate(prompt, budget).tokens
-        stats.accepted_per_step += result.stats.accepted_per_step
+    engine, stats = decode_heldout_losslessly(out, NUM_PROMPTS)
+    assert engine.draft.config.kind == "domino"
     per_position = [round(n / stats.num_drafts, 3) for n in stats.accepted_per_position()]
     val_accept = [r for r in read_metrics(tiny_domino_run) if r.get("split") == "val"][-1]["val/accept_len"]
     print(f"domino: reference engine mean acceptance {stats.mean_acceptance_length:.3f} over {stats.num_drafts} drafts "

@@ -9,15 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from transformers import AutoTokenizer
 
-from blockdraft.export.importer import import_draft
 from blockdraft.export.writer import export_draft
-from blockdraft.models.target import TargetModel
-from blockdraft.serve.engine import DecodeStats, SpeculativeEngine
 from blockdraft.serve.preflight import read_draft
 from blockdraft.train.logger import read_metrics
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, decode_heldout_losslessly
 
 TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
 NUM_PROMPTS = 4  # of the recipe's 16 held-out prompts: enough to exercise every slot, cheap to decode
@@ -34,20 +30,8 @@ def test_trained_dspark_export_is_lossless_on_the_reference_engine(tiny_dspark_r
     facts = read_draft(dspark_export)
     assert (facts.architecture, facts.kind, facts.vllm_servable) == ("Qwen3DSparkModel", "dspark", True)
     assert facts.trained_tokens == facts.block_size  # the anchor predicts: every slot drafts
-    draft, cfg = import_draft(dspark_export)
-    tokenizer = AutoTokenizer.from_pretrained(TARGET)
-    engine = SpeculativeEngine(TargetModel.load(str(TARGET), cfg.target_layer_ids), draft,
-                               eos_token_ids=[tokenizer.eos_token_id])
-    assert engine.k == cfg.block_size
-    stats = DecodeStats(engine.k)
-    for line in (REPO / ".cache" / "tiny_cpu" / "val.jsonl").read_text().splitlines()[:NUM_PROMPTS]:
-        row = json.loads(line)
-        prompt = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, return_dict=True)["input_ids"]
-        budget = row["generation"]["max_new_tokens"]
-        result = engine.generate(prompt, budget)
-        assert result.tokens == engine.target_generate(prompt, budget).tokens
-        stats.accepted_per_step += result.stats.accepted_per_step
-        stats.confidence += result.stats.confidence
+    engine, stats = decode_heldout_losslessly(dspark_export, NUM_PROMPTS)
+    assert engine.k == facts.block_size
     calibration = stats.calibration()
     per_position = [round(n / stats.num_drafts, 3) for n in stats.accepted_per_position()]
     print(f"dspark: reference engine mean acceptance {stats.mean_acceptance_length:.3f} over {stats.num_drafts} drafts "

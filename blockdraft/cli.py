@@ -16,7 +16,7 @@ from typing import List, Optional
 # command: (module, one line of what it does)
 COMMANDS = {
     "pipeline": ("blockdraft.pipeline", "regen -> capture -> train -> export -> gate -> serve, each stage cached"),
-    "regen": ("blockdraft.data.regen", "the target answers prompts: the training and held-out rows"),
+    "regen": ("blockdraft.regen", "the target answers prompts: the training and held-out rows"),
     "capture": ("blockdraft.data.capture", "the target's features of the rows, once: a feature store"),
     "train": ("blockdraft.train", "train a draft (a recipe: experiment=<name>; key=value overrides)"),
     "export": ("blockdraft.export", "a checkpoint as a vLLM draft directory, reloaded and checked"),

@@ -90,7 +90,7 @@ def train_argv(s: PipelineSettings, use_store: bool) -> List[str]:
 
 def stage_argv(stage: str, s: PipelineSettings, use_store: bool) -> List[str]:
     return {
-        "regen": lambda: [python(), "-m", "blockdraft.data.regen", *regen_overrides(s)],
+        "regen": lambda: [python(), "-m", "blockdraft.regen", *regen_overrides(s)],
         "capture": lambda: [python(), "-m", "blockdraft.data.capture", *capture_overrides(s)],
         "train": lambda: train_argv(s, use_store),
         "export": lambda: [python(), "-m", "blockdraft.export", *export_overrides(s)],
@@ -106,7 +106,7 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
 
     from blockdraft.config import compose, register_schema
     from blockdraft.data.capture import CaptureAppConfig
-    from blockdraft.data.regen_app import RegenConfig
+    from blockdraft.regen.config import RegenConfig
     from blockdraft.export.config import ExportConfig
     from blockdraft.serve.config import ServeConfig
     from blockdraft.train.config import TrainAppConfig

@@ -16,7 +16,7 @@ def check_prompt_supply(regen, train) -> None:
     """`regen`: the regen stage's RegenConfig; `train`: the training app's composed config."""
     from transformers import AutoTokenizer
 
-    from blockdraft.data.prompt_plan import plan_splits
+    from blockdraft.regen.prompt_plan import plan_splits
 
     out = Path(regen.out)
     if not (Path(regen.target_dir) / "config.json").is_file():

@@ -44,7 +44,7 @@ def make_sample(prompt: str, target_dir: Path, max_tokens: int, out: Path) -> Sa
     """Generate the target's greedy reply and write response.json, data.jsonl and prompt.jsonl in `out`."""
     from transformers import AutoTokenizer
 
-    from blockdraft.data.regen import eos_ids
+    from blockdraft.regen.hf_backend import eos_ids
     from blockdraft.models.target import load_causal_lm
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)

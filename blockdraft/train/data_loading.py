@@ -16,7 +16,7 @@ from blockdraft.train.distributed import DistInfo, barrier
 
 def ensure_builtin_data(cfg, target_model, tokenizer, dist: DistInfo) -> None:
     """Recipes like tiny_cpu answer built-in prompts with the target when the files are missing."""
-    from blockdraft.data.regen import regenerate_with_transformers
+    from blockdraft.regen.hf_backend import regenerate_with_transformers
 
     prep = cfg.prepare
     if prep.regenerate_builtin is None:

@@ -58,7 +58,7 @@ def complete_lines(path: Path):
 def read_rows(path: Path, n: int) -> list:
     files = [path]
     if not path.exists():
-        # blockdraft.data.regen writes parts/<split>/NNNNN.jsonl and joins them at the end.
+        # blockdraft.regen writes parts/<split>/NNNNN.jsonl and joins them at the end.
         parts = sorted((path.parent / "parts" / path.stem).glob("*.jsonl"))
         if not parts:
             sys.exit(f"{path} does not exist (and no {path.parent}/parts/{path.stem}/*.jsonl)")

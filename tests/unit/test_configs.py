@@ -35,7 +35,7 @@ APP_MODULES = {
     "train": "blockdraft.train.__main__",
     "export": "blockdraft.export.__main__",
     "serve": "blockdraft.serve.__main__",
-    "regen": "blockdraft.data.regen_app",
+    "regen": "blockdraft.regen.app",
     "capture": "blockdraft.data.capture",
     "eval": "blockdraft.eval.__main__",
 }

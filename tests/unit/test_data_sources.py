@@ -102,8 +102,8 @@ def test_a_folder_with_no_rows_in_it_is_refused(tmp_path):
 
 
 def test_regeneration_takes_its_prompts_from_a_datasets_source(tmp_path):
-    from blockdraft.data.prompt_plan import source_conversations
-    from blockdraft.data.regen_app import RegenConfig
+    from blockdraft.regen.prompt_plan import source_conversations
+    from blockdraft.regen.config import RegenConfig
 
     path = _written("parquet", tmp_path)
     conversations = source_conversations(str(path), limit=10)

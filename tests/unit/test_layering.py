@@ -30,3 +30,19 @@ def test_vllm_runtime_imports_nothing_else_of_blockdraft():
     for path in sorted((PACKAGE / "vllm_runtime").glob("*.py")):
         inner = [m for m in imported_modules(path) if m.startswith("blockdraft") and not m.startswith("blockdraft.vllm_runtime")]
         assert not inner, f"{path.name} imports {inner}"
+
+
+def test_regen_is_a_room_above_data():
+    """data/ is what stages share: it never imports the regen stage (regen imports data, not the reverse),
+    and regen's modules never reach into serve/, train/ or pipeline/ above them."""
+    offenders = {}
+    for path in sorted((PACKAGE / "data").glob("*.py")):
+        bad = sorted(m for m in imported_modules(path) if m.startswith("blockdraft.regen"))
+        if bad:
+            offenders[str(path.relative_to(PACKAGE))] = bad
+    above = ("blockdraft.serve", "blockdraft.train", "blockdraft.pipeline", "blockdraft.export")
+    for path in sorted((PACKAGE / "regen").glob("*.py")):
+        bad = sorted(m for m in imported_modules(path) if m.startswith(above))
+        if bad:
+            offenders[str(path.relative_to(PACKAGE))] = bad
+    assert not offenders, f"imports across the regen room's walls: {offenders}"

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from blockdraft.data.config import DataConfig
-from blockdraft.data.regen_app import RegenConfig
+from blockdraft.regen.config import RegenConfig
 from blockdraft.errors import ConfigError
 from blockdraft.pipeline.prompt_supply import check_row_length
 

@@ -6,9 +6,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from blockdraft.config import compose
-from blockdraft.data import regen_app
-from blockdraft.data.prompt_plan import PromptSplit, check_disjoint, plan_splits, reserve_heldout, take_prompts
-from blockdraft.data.regen_app import RegenConfig, alias_target_argument, check_resumable, run_regen
+from blockdraft.regen import app as regen_app
+from blockdraft.regen.prompt_plan import PromptSplit, check_disjoint, plan_splits, reserve_heldout, take_prompts
+from blockdraft.regen.app import alias_target_argument, check_resumable, run_regen
+from blockdraft.regen.config import RegenConfig
 from blockdraft.errors import ConfigError
 
 
@@ -130,7 +131,7 @@ def test_a_tiny_run_writes_disjoint_splits_resumes_and_skips_what_is_complete(ti
 
 
 def test_held_out_prompts_that_skipped_long_ones_may_not_reach_into_the_training_range():
-    from blockdraft.data.prompt_plan import check_ranges_apart
+    from blockdraft.regen.prompt_plan import check_ranges_apart
 
     cfg = RegenConfig(target_dir="t", out="o", num_train=10, num_heldout=4, heldout_skip=0, train_skip=4)
     heldout = PromptSplit([[{}]] * 4, first_source_position=0, end_source_position=7, skipped_long=[1, 2, 3])

@@ -2,7 +2,9 @@
 
 import json
 
-from blockdraft.data.regen import Reply, ShardedRows, regenerate_rows
+from blockdraft.regen.runner import regenerate_rows
+from blockdraft.regen.shards import ShardedRows
+from blockdraft.regen.turns import Reply
 
 
 def row(index, text="a"):

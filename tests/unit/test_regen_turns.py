@@ -1,6 +1,6 @@
 """The pure parts of regeneration: which turns the target answers, rollouts, rows."""
 
-from blockdraft.data.regen import Reply, regen_row, rollout, turn_inputs
+from blockdraft.regen.turns import Reply, regen_row, rollout, turn_inputs
 
 U1, U2, U3 = ({"role": "user", "content": f"q{i}"} for i in (1, 2, 3))
 A = {"role": "assistant", "content": "original answer"}

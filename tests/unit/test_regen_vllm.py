@@ -6,9 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from blockdraft.data.regen_vllm import (
-    RegenRequestError, completion_body, parse_reply, prompt_ids, request_seed, vllm_reply,
-)
+from blockdraft.regen.turns import prompt_ids
+from blockdraft.regen.vllm_backend import RegenRequestError, completion_body, parse_reply, request_seed, vllm_reply
 from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
 from blockdraft.vllm_runtime.server import server_settings
 

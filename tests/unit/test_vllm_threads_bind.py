@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from blockdraft.data.regen_app import RegenConfig
+from blockdraft.regen.config import RegenConfig
 from blockdraft.errors import ConfigError
 from blockdraft.vllm_runtime.server import cpu_cores_bind, is_cpu_threads_bind, server_settings
 

@@ -1,9 +1,9 @@
 """Regenerate a training set and a held-out set with the target: the `regen.yaml` app.
 
-    python -m blockdraft.data.regen target=<HF dir> out=<dir> [prompts=sharegpt|tiny_prompts|<file.jsonl>]
+    python -m blockdraft.regen target=<HF dir> out=<dir> [prompts=sharegpt|tiny_prompts|<file.jsonl>]
         [num_train=1000] [num_heldout=64] [max_tokens=192] [temperature=0.0] [backend=auto|vllm|transformers]
 
-(`python -m blockdraft.data.regen_app ...` is the same command.) Writes, under `out`:
+Writes, under `out`:
   train.jsonl, heldout.jsonl   rows ordered by prompt index; the held-out prompts are a
                                disjoint range, never trained on
   parts/<split>/NNNNN.jsonl    shards written as rows finish; a rerun resumes from them
@@ -15,115 +15,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional
-
-from omegaconf import MISSING
+from typing import List
 
 from blockdraft.config import CONFIG_DIR, register_schema
-from blockdraft.data.prompt_plan import PromptSplit, plan_splits
+from blockdraft.regen.config import SPLITS, RegenConfig
+from blockdraft.regen.prompt_plan import PromptSplit, plan_splits
 from blockdraft.errors import ConfigError, DataError
 
-PROMPT_SETS = ("sharegpt", "tiny_prompts")
-BACKENDS = ("auto", "vllm", "transformers")
-SPLITS = ("train", "heldout")
 MANIFEST = "regen.json"
-
-
-@dataclass
-class RegenConfig:
-    """Schema of `configs/regen.yaml`."""
-
-    target_dir: str = MISSING
-    """The target's local HF directory (`target=` works too on the command line)."""
-    out: str = MISSING
-    """Output directory: train.jsonl, heldout.jsonl, parts/, regen.json."""
-    prompts: str = "sharegpt"
-    """sharegpt (the installed package) | tiny_prompts | rows of `messages`/`conversations`: a JSONL, parquet
-    or arrow file, a save_to_disk folder, or a Hugging Face dataset id (as data.train takes)."""
-    num_train: int = 1000
-    """Training conversations to generate."""
-    num_heldout: int = 64
-    """Held-out conversations (for validation and serving checks; never trained on)."""
-    train_skip: int = 0
-    """Prompts of the set skipped before the training ones."""
-    heldout_skip: Optional[int] = None
-    """Prompts skipped before the held-out ones; null = 10000 for sharegpt (the serve harness's held-out range), else right after the training prompts (reserved first when the file is short)."""
-    max_turns: int = 1
-    """User turns answered per conversation: 1 drops everything after the first user turn; more rolls the conversation out, each reply the target's own."""
-    max_tokens: int = 192
-    """Most tokens per reply; a reply cut here ends its conversation."""
-    max_prompt_tokens: int = 384
-    """Prompts (templated) longer than this are skipped and counted; later turns stop when the context would exceed it."""
-    temperature: float = 0.0
-    """0 = greedy (what the demo serves); above 0 samples with a per-conversation seed."""
-    seed: int = 0
-    """Base of the per-conversation sampling seeds (temperature above 0)."""
-    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
-    """Extra chat template variables; use what training and serving use."""
-    backend: str = "auto"
-    """auto (vLLM when the serving environment exists, else transformers) | vllm | transformers."""
-    workers: int = 16
-    """Conversations in flight at once (vLLM batches them); the transformers backend uses 1."""
-    shard_size: int = 256
-    """Prompt indices per shard file."""
-    vllm_python: Optional[str] = None
-    """The serving interpreter; null = <repo>/.venv-serve/bin/python."""
-    kv_cache_gib: int = 2
-    """vLLM on CPU: KV cache size in GiB."""
-    cpu_threads_bind: str = "all"
-    """vLLM on CPU: its OpenMP threads on every core (all), vLLM's default (auto: every core but one, kept for
-    its engine loop), or a core list (0-1). For a batch of 32 on 2 cores, all gave 1.31x the tokens/s of auto."""
-    startup_timeout_s: float = 600.0
-    """Seconds the vLLM server may take to answer /health."""
-    request_timeout_s: float = 900.0
-    """Seconds one conversation's request may take."""
-    progress: bool = True
-    """Progress bar on the terminal."""
-
-    # How fast, where and how loudly it runs: no row changes with them, so a rerun that changes only these
-    # keeps the rows (the pipeline's regen key leaves them out).
-    OUTPUT_NEUTRAL = ("workers", "vllm_python", "kv_cache_gib", "cpu_threads_bind", "startup_timeout_s",
-                      "request_timeout_s", "progress")
-
-    def validate(self) -> "RegenConfig":
-        if not (Path(self.target_dir) / "config.json").is_file():
-            raise ConfigError(
-                f"target_dir={self.target_dir!r} has no config.json; point it at the target's HF directory "
-                "(for SmolLM2: `python -m blockdraft.models.prepare_gguf` writes .cache/targets/smollm2-135m-instruct)"
-            )
-        if self.prompts not in PROMPT_SETS:
-            from blockdraft.data.sources import check_source
-
-            try:
-                check_source(self.prompts, "prompts")
-            except ConfigError as err:
-                raise ConfigError(f"{err}; or use one of the built-in sets {list(PROMPT_SETS)}") from None
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend={self.backend!r}; use one of {list(BACKENDS)}")
-        for key in ("max_turns", "max_tokens", "max_prompt_tokens", "workers", "shard_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key}={getattr(self, key)} must be 1 or more")
-        for key in ("num_train", "num_heldout", "train_skip"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"{key}={getattr(self, key)} must be 0 or more")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature={self.temperature}: use 0 for greedy or a positive value to sample")
-        from blockdraft.vllm_runtime.server import is_cpu_threads_bind
-
-        if not is_cpu_threads_bind(self.cpu_threads_bind):
-            raise ConfigError(f"cpu_threads_bind={self.cpu_threads_bind!r}: use auto (vLLM's default), all (every core), "
-                              "or a core list such as 0-1.")
-        return self
-
-    def settings(self, backend: str) -> dict:
-        """What decides the rows' content: recorded in every row and checked on resume."""
-        return {
-            "backend": backend, "max_tokens": self.max_tokens, "temperature": self.temperature, "seed": self.seed,
-            "max_turns": self.max_turns, "max_prompt_tokens": self.max_prompt_tokens,
-            "chat_template_kwargs": dict(self.chat_template_kwargs), "prompts": self.prompts,
-        }
 
 
 # --- resume bookkeeping -------------------------------------------------------------------
@@ -226,7 +127,8 @@ def forget_moved_split(manifest: dict, out: Path, name: str, split: PromptSplit)
 
 
 def _run_split(cfg: RegenConfig, name: str, split: PromptSplit, reply, settings: dict, out: Path) -> dict:
-    from blockdraft.data.regen import ShardedRows, regenerate_rows
+    from blockdraft.regen.runner import regenerate_rows
+    from blockdraft.regen.shards import ShardedRows
 
     store = ShardedRows(out / "parts" / name, cfg.shard_size)
     workers = cfg.workers if settings["backend"] == "vllm" else 1
@@ -248,7 +150,7 @@ class _reply_function:
         cfg = self.cfg
         if self.backend == "transformers":
             return _transformers_reply(cfg, self.tokenizer)
-        from blockdraft.data.regen_vllm import target_server, vllm_reply
+        from blockdraft.regen.vllm_backend import target_server, vllm_reply
 
         python, device = _serving_python_and_device(cfg)
         self._server = target_server(python, cfg.target_dir, self.out / "vllm_regen.log", device,
@@ -279,7 +181,7 @@ def _transformers_reply(cfg: RegenConfig, tokenizer):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from blockdraft.data.regen import transformers_reply
+    from blockdraft.regen.hf_backend import transformers_reply
 
     model = AutoModelForCausalLM.from_pretrained(cfg.target_dir, dtype=torch.float32).eval()
     return transformers_reply(model, tokenizer, cfg.max_tokens, cfg.max_prompt_tokens, cfg.temperature, cfg.chat_template_kwargs, cfg.seed)
@@ -302,7 +204,7 @@ def main() -> None:
     from blockdraft.config.app_help import AppHelp, exit_if_help_asked
 
     exit_if_help_asked(AppHelp(
-        app="regen", module="blockdraft.data.regen", schema=RegenConfig,
+        app="regen", module="blockdraft.regen", schema=RegenConfig,
         usage="target=<HF dir> out=<dir> [prompts=sharegpt|tiny_prompts|<rows>] [key=value ...]",
         example="target=.cache/targets/smollm2-135m-instruct out=runs/regen num_train=200 num_heldout=16",
         notes=("target=<dir> is target_dir=<dir>. Writes <out>/train.jsonl, heldout.jsonl, parts/ and regen.json; "
@@ -313,7 +215,7 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="regen", version_base=None)
     def app(conf) -> None:
-        from blockdraft.data.regen_vllm import RegenRequestError
+        from blockdraft.regen.vllm_backend import RegenRequestError
         from blockdraft.vllm_runtime.server import ServerError
 
         try:

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List
 
 from blockdraft.errors import ConfigError
+from blockdraft.regen.turns import prompt_ids, turn_inputs
 
 if TYPE_CHECKING:
-    from blockdraft.data.regen_app import RegenConfig
+    from blockdraft.regen.app import RegenConfig
 
 # The smoke-serve harness reads held-out ShareGPT prompts from here on (blockdraft/serve/prompts.py: data
 # may not import serve); so does regen.
@@ -29,7 +30,6 @@ class PromptSplit:
 
 def source_conversations(spec: str, limit: int) -> List[List[dict]]:
     """The set's conversations that open with a user question, in order, at most `limit`."""
-    from blockdraft.data.regen import turn_inputs
 
     if spec == "tiny_prompts":
         from blockdraft.data.builtin_prompts import tiny_prompts
@@ -72,8 +72,6 @@ def plan_splits(cfg: RegenConfig, tokenizer) -> Dict[str, PromptSplit]:
     """Training and held-out prompts, before any generation. With the held-out range right after the
     training one (a prompt file), the held-out prompts are reserved first and the training ones take
     the rest; a file that cannot hold the held-out prompts and one training prompt is refused."""
-    from blockdraft.data.regen import turn_inputs
-    from blockdraft.data.regen_vllm import prompt_ids
 
     lengths: Dict[int, int] = {}  # by id(): the reservation and the split read the same conversations
 

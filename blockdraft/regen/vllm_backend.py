@@ -4,7 +4,7 @@ answering many conversations at once (the server batches concurrent requests).
 Prompts are rendered with the target's chat template here, in the training environment,
 and sent as token ids to the completions API: the server sees exactly the ids training
 will see, and a context that would not fit is caught before it is sent. Rows, shards and
-resume are those of `blockdraft.data.regen`, shared with the transformers backend.
+resume are those of `blockdraft.regen.shards`, shared with the transformers backend.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional
 
-from blockdraft.data.regen import Reply
+from blockdraft.regen.turns import Reply, prompt_ids
 from blockdraft.vllm_runtime.server import VllmServer, server_settings
 
 
@@ -35,13 +35,6 @@ def target_server(python, target_dir: str, log_path, device: str, max_model_len:
     with server:
         print(f"[regen] vLLM ready after {server.startup_s:.0f} s at {server.url}", flush=True)
         yield server.url
-
-
-def prompt_ids(tokenizer, messages: List[dict], chat_template_kwargs: Optional[dict] = None) -> List[int]:
-    """Token ids of the conversation with the generation prompt, as serving renders it."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
-    # The template already holds any BOS; adding special tokens again would double it.
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
 def request_seed(seed: int, ids: List[int]) -> int:

@@ -15,6 +15,14 @@ drafts in /metrics as vLLM does. Environment knobs pick the behaviour under test
     FAKE_DIE_AFTER_<BASELINE|DRAFT>=N   exits mid-request after N requests
     FAKE_SLOW_S=S        each completion takes S seconds
     FAKE_BUSY=1          its child spins on a core the whole time, as an engine loop that polls would
+    FAKE_FAIL_PROMPTS    JSON {"<sum of the prompt's ids>": n}: the first n requests of that prompt get HTTP 500
+                         (n = -1: every one), as a server that breaks on one input
+    FAKE_DIE_ONE_AFTER=N of the servers started with it, only the first (claimed in FAKE_DIR) exits mid-request
+                         after N requests, as one of several servers that dies
+
+Besides, as regen's servers need: /v1/models lists the model (--served-model-name, else --model) with its
+--max-model-len, a completion carries its text and usage, other POST routes are not found (no /tokenize),
+and run as the serving interpreter's probe (`<python> -I .../probe.py <arch>...`) it answers as INFO_FIELDS.
 """
 
 from __future__ import annotations
@@ -59,6 +67,14 @@ if mode in ("hang", "stubborn"):
     time.sleep(600)  # never answers /health
 flip = phase == "DRAFT" and env.get("FAKE_FLIP") == "1"
 die_after = int(env.get("FAKE_DIE_AFTER_" + phase) or 0)
+if env.get("FAKE_DIE_ONE_AFTER"):
+    try:  # the first server to claim it is the one that dies
+        os.close(os.open(record_dir + "/die_claimed", os.O_CREAT | os.O_EXCL))
+        die_after = int(env["FAKE_DIE_ONE_AFTER"])
+    except FileExistsError:
+        pass
+fail_left = {int(k): n for k, n in json.loads(env.get("FAKE_FAIL_PROMPTS") or "{}").items()}
+served_name = argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else argv[argv.index("--model") + 1]
 slow_s = float(env.get("FAKE_SLOW_S") or 0)
 counts = {"served": 0, "drafts": 0, "accepted": 0}
 
@@ -74,6 +90,9 @@ class Api(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             return self._send(200, "")
+        if self.path == "/v1/models":
+            card = {"id": served_name, "object": "model", "root": argv[argv.index("--model") + 1], "max_model_len": limit}
+            return self._send(200, json.dumps({"object": "list", "data": [card]}))
         lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {counts["drafts"]}',
                  f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {3 * counts["drafts"]}',
                  f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {counts["accepted"]}']
@@ -83,6 +102,8 @@ class Api(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/completions":
+            return self._send(404, json.dumps({"detail": "Not Found"}))
         prompt, n = body["prompt"], body["max_tokens"]
         if die_after and counts["served"] >= die_after:
             with open(record_dir + "/died", "w") as fh:
@@ -93,6 +114,9 @@ class Api(BaseHTTPRequestHandler):
         if limit is not None and len(prompt) + n > limit:
             msg = f"This model's maximum context length is {limit} tokens; the request has {len(prompt) + n}."
             return self._send(400, json.dumps({"error": {"message": msg}}))
+        if fail_left.get(sum(prompt), 0):
+            fail_left[sum(prompt)] -= 1
+            return self._send(500, json.dumps({"error": {"message": "fake vLLM: this prompt broke the engine (fault injected)"}}))
         if slow_s:
             open(record_dir + "/busy", "w").close()
             time.sleep(slow_s)
@@ -102,7 +126,9 @@ class Api(BaseHTTPRequestHandler):
             ids[3] = (ids[3] + 1) % 200  # the runner-up: a near-tie by the baseline's numbers
         counts["drafts"] += n // 4
         counts["accepted"] += 3 * (n // 8)
-        self._send(200, json.dumps({"choices": [{"token_ids": ids, "finish_reason": "length", "logprobs": {"top_logprobs": top}}]}))
+        text = " ".join(f"w{t}" for t in ids)
+        self._send(200, json.dumps({"choices": [{"token_ids": ids, "text": text, "finish_reason": "length",
+                                                 "logprobs": {"top_logprobs": top}}], "usage": {"completion_tokens": n}}))
 
     def log_message(self, *args):
         pass
@@ -115,9 +141,18 @@ INFO_FIELDS = dict(version="fake", device="cpu", has_triton=False, v2_runner_env
                    arch_known=True, arch_supports_eagle3=True, anchor_clamp=None, cpu_head_sizes=[])
 
 
+# Run as the probe (`<python> -I <...>/probe.py <arch> ...`), the fake answers as the probe does, then exits.
+PROBE_ANSWER = r'''
+import json as _json, sys as _sys
+if len(_sys.argv) > 2 and _sys.argv[1] == "-I" and _sys.argv[2].endswith("probe.py"):
+    print("BLOCKDRAFT_VLLM_PROBE " + _json.dumps({arch: _json.loads(%r) for arch in _sys.argv[3:]}), flush=True)
+    _sys.exit(0)
+'''
+
+
 def write_fake_python(path: Path) -> Path:
     """An executable standing in for the serving interpreter: it runs the fake whatever the module."""
-    path.write_text(f"#!{sys.executable}\n{SCRIPT}")
+    path.write_text(f"#!{sys.executable}\n{PROBE_ANSWER % json.dumps(INFO_FIELDS)}{SCRIPT}")
     path.chmod(0o755)
     return path
 

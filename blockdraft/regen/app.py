@@ -7,7 +7,10 @@ Writes, under `out`:
   train.jsonl, heldout.jsonl   rows ordered by prompt index; the held-out prompts are a
                                disjoint range, never trained on
   parts/<split>/NNNNN.jsonl    shards written as rows finish; a rerun resumes from them
-  regen.json                   the generation settings and, per split, rows, tokens, tokens/s
+  parts/<split>/rejects.jsonl  prompts that failed every retry, with the reason; a rerun tries them again
+  vllm_regen.<i>.log           each vLLM server regen started
+  regen.json                   the generation settings, the servers that answered, and per split
+                               rows, rejects, tokens, tokens/s and rows per server
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import List
 
 from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.regen.answerers import answerers
 from blockdraft.regen.config import SPLITS, RegenConfig
 from blockdraft.regen.prompt_plan import PromptSplit, plan_splits
 from blockdraft.errors import ConfigError, DataError
@@ -60,13 +64,17 @@ def write_manifest(out: Path, manifest: dict) -> None:
 
 # --- the run ------------------------------------------------------------------------------
 def resolve_backend(cfg: RegenConfig) -> str:
+    """vllm: the completions API of vLLM servers (regen's own, or endpoints); transformers: the target in-process."""
     if cfg.backend != "auto":
         return cfg.backend
     from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 
     python = Path(cfg.vllm_python) if cfg.vllm_python else DEFAULT_VLLM_PYTHON
-    if python.is_file():
+    if python.is_file() or cfg.endpoints:
         return "vllm"
+    if (cfg.servers or 1) > 1:
+        raise ConfigError(f"servers={cfg.servers} needs the serving environment, and {python} does not exist: "
+                          "run `make setup-serve`, or set vllm_python=")
     print(f"[regen] note: no serving environment at {python} (`make setup-serve` builds it); using the slower transformers backend")
     return "transformers"
 
@@ -91,21 +99,32 @@ def run_regen(cfg: RegenConfig) -> Path:
     if pending:
         out.mkdir(parents=True, exist_ok=True)
         manifest = {"settings": settings, "splits": manifest.get("splits", {})}
-        with _reply_function(cfg, backend, tokenizer, out) as reply:
+        with answerers(cfg, backend, tokenizer, out) as answering:
+            # Who answers, with what: the endpoints, the model names sent, each server's devices and vLLM's
+            # thread binding as its log states it (what the tokens/s were measured on).
+            manifest["servers"] = [a.record() for a in answering]
             for name, split in pending.items():
                 forget_moved_split(manifest, out, name, split)
                 manifest["splits"][name] = {**_split_record(split), "complete": False}
                 write_manifest(out, manifest)
-                manifest["splits"][name] = _run_split(cfg, name, split, reply, settings, out)
+                manifest["splits"][name] = _run_split(cfg, name, split, answering, settings, out)
                 write_manifest(out, manifest)
+            manifest["servers"] = [a.record() for a in answering]  # the binding lines, now in the logs
         from blockdraft.machine import machine_facts
-        from blockdraft.vllm_runtime.omp_binding import omp_binding
 
-        # What the tokens/s were measured on: the machine and vLLM's thread binding as its log states it.
         manifest["machine"] = machine_facts()
-        manifest["vllm_omp_binding"] = omp_binding(out / "vllm_regen.log") if backend == "vllm" else None
         write_manifest(out, manifest)
+        say_rejects(manifest, out)
     return out
+
+
+def say_rejects(manifest: dict, out: Path) -> None:
+    """Rejects leave every other row in place and the split incomplete: say where they are and that a rerun retries them."""
+    for name, record in manifest["splits"].items():
+        if record.get("rejects"):
+            print(f"[regen] warning: {name}: {record['rejects']} prompts got no answer after every retry; their reasons "
+                  f"are in {out / 'parts' / name / 'rejects.jsonl'}, and {name}.jsonl holds every other row. Rerun the "
+                  "same command to try them again", file=sys.stderr)
 
 
 def _split_record(split: PromptSplit) -> dict:
@@ -126,65 +145,21 @@ def forget_moved_split(manifest: dict, out: Path, name: str, split: PromptSplit)
         (out / f"{name}.jsonl").unlink(missing_ok=True)
 
 
-def _run_split(cfg: RegenConfig, name: str, split: PromptSplit, reply, settings: dict, out: Path) -> dict:
+def _run_split(cfg: RegenConfig, name: str, split: PromptSplit, answering, settings: dict, out: Path) -> dict:
     from blockdraft.regen.runner import regenerate_rows
-    from blockdraft.regen.shards import ShardedRows
+    from blockdraft.regen.shards import RejectLog, ShardedRows
 
     store = ShardedRows(out / "parts" / name, cfg.shard_size)
-    workers = cfg.workers if settings["backend"] == "vllm" else 1
-    stats = regenerate_rows(split.conversations, store, reply, settings, cfg.max_turns, workers, f"regenerate {name}", cfg.progress)
+    rejects = RejectLog(store.directory)
+    rejects.clear()  # this run tries them again
+    stats = regenerate_rows(split.conversations, store, answering, settings, cfg.max_turns, cfg.retries,
+                            cfg.retry_backoff_s, f"regenerate {name}", cfg.progress, rejects)
     rows = store.merge(out / f"{name}.jsonl")
     print(f"[regen] {name}: {rows} rows in {out / (name + '.jsonl')}; this run {stats.tokens} tokens in "
-          f"{stats.seconds:.0f} s ({stats.tokens_per_s:.0f} tokens/s), {stats.cut_at_max_tokens} replies cut at max_tokens")
-    return {**_split_record(split), "rows": rows, "complete": True, "last_run": {**asdict(stats), "tokens_per_s": stats.tokens_per_s}}
-
-
-class _reply_function:
-    """The backend's `reply`, with its server (vLLM) or model (transformers) held open."""
-
-    def __init__(self, cfg: RegenConfig, backend: str, tokenizer, out: Path):
-        self.cfg, self.backend, self.tokenizer, self.out = cfg, backend, tokenizer, out
-        self._server = None
-
-    def __enter__(self):
-        cfg = self.cfg
-        if self.backend == "transformers":
-            return _transformers_reply(cfg, self.tokenizer)
-        from blockdraft.regen.vllm_backend import target_server, vllm_reply
-
-        python, device = _serving_python_and_device(cfg)
-        self._server = target_server(python, cfg.target_dir, self.out / "vllm_regen.log", device,
-                                     cfg.max_prompt_tokens + cfg.max_tokens, cfg.workers, cfg.kv_cache_gib, cfg.startup_timeout_s,
-                                     cfg.cpu_threads_bind)
-        url = self._server.__enter__()
-        return vllm_reply(url, cfg.target_dir, self.tokenizer, cfg.max_tokens, cfg.max_prompt_tokens, cfg.temperature,
-                          cfg.chat_template_kwargs, cfg.seed, cfg.request_timeout_s)
-
-    def __exit__(self, *exc):
-        if self._server is not None:
-            return self._server.__exit__(*exc)
-        return False
-
-
-def _serving_python_and_device(cfg: RegenConfig):
-    from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
-    from blockdraft.vllm_runtime.probe import probe_vllm
-
-    python = Path(cfg.vllm_python).expanduser() if cfg.vllm_python else DEFAULT_VLLM_PYTHON
-    if not python.is_file():
-        raise ConfigError(f"vllm_python={str(python)!r} does not exist; run `make setup-serve`, or set backend=transformers")
-    architecture = json.loads((Path(cfg.target_dir) / "config.json").read_text()).get("architectures", ["?"])[0]
-    return python, probe_vllm(python, architecture).device
-
-
-def _transformers_reply(cfg: RegenConfig, tokenizer):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from blockdraft.regen.hf_backend import transformers_reply
-
-    model = AutoModelForCausalLM.from_pretrained(cfg.target_dir, dtype=torch.float32).eval()
-    return transformers_reply(model, tokenizer, cfg.max_tokens, cfg.max_prompt_tokens, cfg.temperature, cfg.chat_template_kwargs, cfg.seed)
+          f"{stats.seconds:.0f} s ({stats.tokens_per_s:.0f} tokens/s), {stats.cut_at_max_tokens} replies cut at max_tokens"
+          + (f", {stats.rejects} prompts rejected" if stats.rejects else ""))
+    return {**_split_record(split), "rows": rows, "rejects": stats.rejects, "complete": stats.rejects == 0,
+            "last_run": {**asdict(stats), "tokens_per_s": stats.tokens_per_s}}
 
 
 # --- the Hydra entry ----------------------------------------------------------------------
@@ -208,7 +183,10 @@ def main() -> None:
         usage="target=<HF dir> out=<dir> [prompts=sharegpt|tiny_prompts|<rows>] [key=value ...]",
         example="target=.cache/targets/smollm2-135m-instruct out=runs/regen num_train=200 num_heldout=16",
         notes=("target=<dir> is target_dir=<dir>. Writes <out>/train.jsonl, heldout.jsonl, parts/ and regen.json; "
-               "a rerun resumes.",),
+               "a rerun resumes.",
+               "servers=N starts N vLLM servers, each on its own GPUs or cores (null: one per tensor_parallel_size "
+               "visible GPUs); endpoints=[http://host:port,...] adds servers that already run. Every server takes the "
+               "next prompt when it is free; failed requests are retried, then recorded in parts/<split>/rejects.jsonl."),
         rewrite=alias_target_argument,
     ))
     sys.argv = alias_target_argument(sys.argv)

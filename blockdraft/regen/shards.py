@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import List
+from typing import Dict, Iterator, List
 
 
 def done_indices(path: Path) -> set:
@@ -26,18 +26,23 @@ class ShardedRows:
 
     Rows are appended as they finish (in any order) and flushed at once, so a kill loses at
     most the row being written; `done()` reads back which indices are finished, skipping a
-    torn last line. `merge` writes all rows, sorted by index, to one JSONL file atomically.
+    torn last line. One thread appends (the run's writer). `merge` streams every row, ordered
+    by index, into one JSONL file, replaced whole: a shard at a time, since shards are index
+    ranges, so memory holds one shard whatever the split's size.
     """
 
     def __init__(self, directory, shard_size: int):
         self.directory = Path(directory)
         self.shard_size = shard_size
+        self._mended: set = set()  # shards whose end this process has checked
 
     def shard_path(self, index: int) -> Path:
         return self.directory / f"{index // self.shard_size:05d}.jsonl"
 
     def shards(self) -> List[Path]:
-        return sorted(self.directory.glob("*.jsonl")) if self.directory.is_dir() else []
+        """The shard files in index order (by number: past shard 99999 the names grow a digit)."""
+        found = self.directory.glob("[0-9]*.jsonl") if self.directory.is_dir() else []
+        return sorted((p for p in found if p.stem.isdigit()), key=lambda p: int(p.stem))
 
     def done(self) -> set:
         finished = set()
@@ -49,25 +54,74 @@ class ShardedRows:
         path = self.shard_path(row["generation"]["index"])
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as fh:
+            if path not in self._mended:
+                self._mend(path, fh)
             fh.write(json.dumps(row) + "\n")
             fh.flush()
 
-    def rows(self) -> List[dict]:
-        by_index = {}
+    def _mend(self, path: Path, fh) -> None:
+        """A kill mid-write leaves a torn last line: end it, or the next row would be glued onto it and lost too."""
+        self._mended.add(path)
+        if fh.tell() == 0:
+            return
+        with open(path, "rb") as read:
+            read.seek(-1, os.SEEK_END)
+            if read.read(1) != b"\n":
+                fh.write("\n")
+
+    def iter_rows(self) -> Iterator[dict]:
+        """Every row once, in index order, one shard in memory at a time."""
         for shard in self.shards():
-            for line in shard.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                    by_index[row["generation"]["index"]] = row
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a torn line: its prompt was answered again later
-        return [by_index[i] for i in sorted(by_index)]
+            for _, line in sorted(_shard_lines(shard).items()):
+                yield json.loads(line)
+
+    def rows(self) -> List[dict]:
+        return list(self.iter_rows())
 
     def merge(self, out_path) -> int:
         """Write every row, ordered by prompt index, to `out_path` (tmp + rename); returns the count."""
         out_path = Path(out_path)
-        rows = self.rows()
         tmp = out_path.with_name(out_path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        count = 0
+        with open(tmp, "w") as fh:
+            for shard in self.shards():
+                for _, line in sorted(_shard_lines(shard).items()):
+                    fh.write(line + "\n")
+                    count += 1
         os.replace(tmp, out_path)
-        return len(rows)
+        return count
+
+
+def _shard_lines(shard: Path) -> Dict[int, str]:
+    """index -> the row's line as written (not parsed again for the merge); the last of a repeated index wins."""
+    by_index = {}
+    with open(shard) as fh:
+        for line in fh:
+            line = line.rstrip("\n")
+            try:
+                by_index[json.loads(line)["generation"]["index"]] = line
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn line: its prompt was answered again later
+    return by_index
+
+
+class RejectLog:
+    """`<dir>/rejects.jsonl`: the prompts of the last run that failed every try, with the reason. A rerun
+    tries them again (they have no row), so each run starts the file afresh."""
+
+    def __init__(self, directory):
+        self.path = Path(directory) / "rejects.jsonl"
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def append(self, index: int, reason: str, attempts: int, server: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps({"index": index, "reason": reason, "attempts": attempts, "server": server}) + "\n")
+            fh.flush()
+
+    def entries(self) -> List[dict]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]

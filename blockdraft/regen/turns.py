@@ -51,10 +51,14 @@ def rollout(segments: Sequence[List[dict]], reply: Callable[[List[dict]], Option
     return conversation, replies
 
 
-def regen_row(conversation: List[dict], settings: dict, index: int, replies: Sequence[Reply]) -> dict:
-    """The JSONL row both backends write: the chat, and how (and which prompt) it was generated."""
-    finish = [r.finish_reason for r in replies]
-    return {"messages": conversation, "generation": {**settings, "index": index, "finish_reasons": finish}}
+def regen_row(conversation: List[dict], settings: dict, index: int, replies: Sequence[Reply],
+              served_by: Optional[dict] = None) -> dict:
+    """The JSONL row both backends write: the chat, and how (and which prompt) it was generated; `served_by`:
+    the server that answered and the model name it was sent."""
+    generation = {**settings, "index": index, "finish_reasons": [r.finish_reason for r in replies]}
+    if served_by is not None:
+        generation["served_by"] = served_by
+    return {"messages": conversation, "generation": generation}
 
 
 def prompt_ids(tokenizer, messages: List[dict], chat_template_kwargs: Optional[dict] = None) -> List[int]:

@@ -9,32 +9,37 @@ resume are those of `blockdraft.regen.shards`, shared with the transformers back
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
 import zlib
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Dict, List, Optional
 
 from blockdraft.regen.turns import Reply, prompt_ids
-from blockdraft.vllm_runtime.server import VllmServer, server_settings
 
 
 class RegenRequestError(RuntimeError):
     """A generation request failed; rows written so far stay, and a rerun resumes after them."""
 
+    retryable = True  # a garbled answer may come out right the next time
+    unreachable = False  # no answer at all: is the server still there?
 
-@contextmanager
-def target_server(python, target_dir: str, log_path, device: str, max_model_len: int, max_num_seqs: int,
-                  kv_cache_gib: int, startup_timeout_s: float, cpu_threads_bind: str = "auto") -> Iterator[str]:
-    """The target served on loopback for the duration of the block; yields its URL."""
-    args, env = server_settings(device, max_model_len, max_num_seqs, kv_cache_gib, cpu_threads_bind)
-    server = VllmServer(python, target_dir, log_path=log_path, args=args, env=env, startup_timeout_s=startup_timeout_s)
-    print(f"[regen] starting vLLM for {target_dir} (log: {log_path}) ...", flush=True)
-    with server:
-        print(f"[regen] vLLM ready after {server.startup_s:.0f} s at {server.url}", flush=True)
-        yield server.url
+
+class RequestRefused(RegenRequestError):
+    """The server answered with an HTTP error: worth a retry when it was busy or broken (429, 5xx), not when it
+    refused the request itself (4xx)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+        self.retryable = status in (408, 429) or status >= 500
+
+
+class ServerUnreachable(RegenRequestError):
+    """No answer: the connection was refused or dropped, or the request timed out."""
+
+    unreachable = True
 
 
 def request_seed(seed: int, ids: List[int]) -> int:
@@ -64,7 +69,8 @@ def parse_reply(answer: dict) -> Reply:
 
 
 def vllm_reply(url: str, model: str, tokenizer, max_tokens: int, max_prompt_tokens: int, temperature: float = 0.0,
-               chat_template_kwargs: Optional[dict] = None, seed: int = 0, timeout_s: float = 600.0):
+               chat_template_kwargs: Optional[dict] = None, seed: int = 0, timeout_s: float = 600.0,
+               headers: Optional[Dict[str, str]] = None):
     """`reply(messages) -> Reply | None` over HTTP; None when the context exceeds max_prompt_tokens."""
 
     def reply(messages: List[dict]) -> Optional[Reply]:
@@ -72,24 +78,23 @@ def vllm_reply(url: str, model: str, tokenizer, max_tokens: int, max_prompt_toke
         if len(ids) > max_prompt_tokens:
             return None
         body = completion_body(model, ids, max_tokens, temperature, seed)
-        return parse_reply(_post(f"{url}/v1/completions", body, timeout_s))
+        return parse_reply(post_json(f"{url}/v1/completions", body, timeout_s, headers))
 
     return reply
 
 
-def _post(url: str, body: dict, timeout_s: float) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def post_json(url: str, body: dict, timeout_s: float, headers: Optional[Dict[str, str]] = None) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace")[:500]
-        raise RegenRequestError(f"the server answered HTTP {err.code}: {detail}; rerun to resume") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-        raise RegenRequestError(
+        raise RequestRefused(f"the server answered HTTP {err.code}: {detail}; rerun to resume", err.code) from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, http.client.HTTPException) as err:
+        raise ServerUnreachable(
             f"no answer from {url} ({err}); if it timed out raise request_timeout_s={timeout_s:g}, then rerun to resume"
         ) from None
-
-
-def default_log_path(out_dir) -> Path:
-    return Path(out_dir) / "vllm_regen.log"
+    except ValueError as err:  # not JSON
+        raise RegenRequestError(f"the answer of {url} is not JSON ({err})") from None

@@ -78,6 +78,72 @@ def is_cpu_threads_bind(choice: str) -> bool:
     return choice in ("auto", "all") or re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", choice or "") is not None
 
 
+# --- devices for several servers on one machine ---------------------------------------------
+def parse_core_list(text: str) -> List[int]:
+    """"0-2,6" -> [0, 1, 2, 6], a core list as VLLM_CPU_OMP_THREADS_BIND writes one."""
+    cores: List[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores += range(int(first), int(last or first) + 1)
+    return cores
+
+
+def core_list_text(cores: Sequence[int]) -> str:
+    """[0, 1, 2, 6] -> "0-2,6"."""
+    runs: List[List[int]] = []
+    for core in cores:
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def usable_cores() -> List[int]:
+    """The cores this process may run on (its affinity), which the servers it starts inherit."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def bindable_cores(choice: str) -> List[int]:
+    """The cores a cpu_threads_bind choice names: every usable core for all (and auto), else its list."""
+    return usable_cores() if choice in ("all", "auto") else parse_core_list(choice)
+
+
+def split_evenly(items: Sequence, parts: int) -> List[list]:
+    """`items` in `parts` contiguous runs whose sizes differ by at most one (the first ones the larger)."""
+    size, extra = divmod(len(items), parts)
+    runs, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        runs.append(list(items[start:end]))
+        start = end
+    return runs
+
+
+def visible_gpus() -> List[str]:
+    """The GPUs servers may use: CUDA_VISIBLE_DEVICES as set, else every GPU `nvidia-smi` lists; [] on a
+    machine without (where the servers run on CPU)."""
+    chosen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if chosen is not None:
+        # Ids or UUIDs; CUDA stops reading at the first invalid one, and -1 (or empty) hides them all.
+        ids = []
+        for gpu in (part.strip() for part in chosen.split(",")):
+            if not gpu or gpu.startswith("-"):
+                break
+            ids.append(gpu)
+        return ids
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                                text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listed.stdout.splitlines() if line.strip().isdigit()]
+
+
 class VllmServer:
     """`with VllmServer(python, model, log_path=...) as server:` -> server.url, server.startup_s."""
 
@@ -107,6 +173,7 @@ class VllmServer:
         self.startup_s: Optional[float] = None
         self.process: Optional[subprocess.Popen] = None
         self._log_offset = 0  # where this launch's output starts in the (appended) log
+        self._began = 0.0  # when this launch started (monotonic)
         self._guard: Optional[subprocess.Popen] = None  # while frozen: continues the group if we die
 
     @property
@@ -130,22 +197,11 @@ class VllmServer:
 
     def start(self) -> None:
         """Launch and wait for /health; on any failure (Ctrl-C included) nothing is left running."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            for attempt in range(1, PORT_ATTEMPTS + 1):
-                if self._start_once(self.fixed_port or free_port()):
-                    return
-                self.stop()
-                if self.fixed_port is not None or attempt == PORT_ATTEMPTS:
-                    raise ServerError(f"port {self.port} on {HOST} is taken; {self.tail_message()}")
-        except BaseException:
-            self.stop()
-            raise
+        start_together([self])
 
-    def _start_once(self, port: int) -> bool:
-        """True when the server is up; False when the port turned out to be taken."""
+    def _launch(self, port: int) -> None:
         self.port = port
-        began = time.monotonic()
+        self._began = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(self.command(port))}\n".encode())
             log.flush()
@@ -159,26 +215,24 @@ class VllmServer:
                 start_new_session=True,  # own process group: stop() reaches every child
                 preexec_fn=_parent_death_signal(),
             )
-        ready = self._wait_ready(began)
-        if ready:
-            self.startup_s = time.monotonic() - began
-        return ready
 
-    def _wait_ready(self, began: float) -> bool:
-        deadline = began + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                if any(m in self._this_launch_output() for m in PORT_TAKEN_MARKERS):
-                    return False
-                raise ServerError(f"vLLM exited with code {code} before it was ready; {self.tail_message()}")
-            if _healthy(self.url):
-                return True
-            time.sleep(POLL_S)
-        raise ServerStartTimeout(
-            f"vLLM did not answer {self.url}/health within startup_timeout_s={self.startup_timeout_s:g} s; "
-            f"raise the timeout if start-up is just slow. {self.tail_message()}"
-        )
+    def _poll_ready(self) -> Optional[bool]:
+        """True: up; False: its port turned out to be taken; None: not yet. Raises when it exited or its
+        start-up timed out."""
+        code = self.process.poll()
+        if code is not None:
+            if any(m in self._this_launch_output() for m in PORT_TAKEN_MARKERS):
+                return False
+            raise ServerError(f"vLLM exited with code {code} before it was ready; {self.tail_message()}")
+        if _healthy(self.url):
+            self.startup_s = time.monotonic() - self._began
+            return True
+        if time.monotonic() > self._began + self.startup_timeout_s:
+            raise ServerStartTimeout(
+                f"vLLM did not answer {self.url}/health within startup_timeout_s={self.startup_timeout_s:g} s; "
+                f"raise the timeout if start-up is just slow. {self.tail_message()}"
+            )
+        return None
 
     # --- stop -----------------------------------------------------------------------
     def stop(self) -> None:
@@ -256,6 +310,38 @@ class VllmServer:
                 return log.read().decode(errors="replace")
         except OSError:
             return ""
+
+
+def start_together(servers: Sequence[VllmServer]) -> None:
+    """Launch every server, then wait until all answer /health: they load side by side. A server whose port was
+    taken meanwhile is launched again on another. On any failure (Ctrl-C included) none is left running.
+
+    Launched from the calling thread, which must outlive them: Linux sends a server its parent-death signal
+    when the *thread* that started it ends, so a helper thread must not start one."""
+    try:
+        tries = {}
+        for server in servers:
+            server.log_path.parent.mkdir(parents=True, exist_ok=True)
+            server._launch(server.fixed_port or free_port())
+            tries[server] = 1
+        waiting = list(servers)
+        while waiting:
+            for server in list(waiting):
+                ready = server._poll_ready()
+                if ready:
+                    waiting.remove(server)
+                elif ready is False:
+                    server.stop()
+                    if server.fixed_port is not None or tries[server] == PORT_ATTEMPTS:
+                        raise ServerError(f"port {server.port} on {HOST} is taken; {server.tail_message()}")
+                    tries[server] += 1
+                    server._launch(free_port())
+            if waiting:
+                time.sleep(POLL_S)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
 
 
 def _healthy(url: str) -> bool:

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blockdraft.config import compose
-from blockdraft.regen import app as regen_app
+from blockdraft.regen import answerers as regen_answerers
 from blockdraft.regen.prompt_plan import PromptSplit, check_disjoint, plan_splits, reserve_heldout, take_prompts
 from blockdraft.regen.app import alias_target_argument, check_resumable, run_regen
 from blockdraft.regen.config import RegenConfig
@@ -24,6 +24,14 @@ def test_the_app_config_composes_and_keeps_its_defaults():
     cfg = OmegaConf.to_object(compose("regen", ["target_dir=/t", "out=/o", "num_train=5"]))
     assert isinstance(cfg, RegenConfig)
     assert (cfg.num_train, cfg.temperature, cfg.max_turns, cfg.backend) == (5, 0.0, 1, "auto")
+
+
+def test_servers_and_endpoints_are_written_on_the_command_line_as_lists():
+    cfg = OmegaConf.to_object(compose("regen", ["target_dir=/t", "out=/o", "servers=0", "endpoint_model=Qwen/Qwen3-8B",
+                                                "endpoints=[http://node2:8000/v1,https://h.example]",
+                                                "extra_vllm_args=[--data-parallel-size,'2']"]))
+    assert cfg.endpoints == ["http://node2:8000/v1", "https://h.example"] and cfg.servers == 0
+    assert cfg.extra_vllm_args == ["--data-parallel-size", "2"] and cfg.endpoint_model == "Qwen/Qwen3-8B"
 
 
 def test_target_on_the_command_line_means_target_dir():
@@ -115,9 +123,14 @@ def test_a_tiny_run_writes_disjoint_splits_resumes_and_skips_what_is_complete(ti
     assert manifest["splits"]["heldout"]["source_positions"] == [3, 5]  # right after the training prompts
 
     answered = []
-    real = regen_app._transformers_reply
-    monkeypatch.setattr(regen_app, "_transformers_reply",
-                        lambda cfg, tok: (lambda reply: lambda m: answered.append(m) or reply(m))(real(cfg, tok)))
+    real = regen_answerers._in_process
+
+    def counted(cfg, tokenizer):
+        answerer = real(cfg, tokenizer)
+        answerer.reply = (lambda reply: lambda m: answered.append(m) or reply(m))(answerer.reply)
+        return answerer
+
+    monkeypatch.setattr(regen_answerers, "_in_process", counted)
     capsys.readouterr()
     run_regen(tiny_config(tiny_target, tmp_path / "regen"))
     assert capsys.readouterr().out.count("already complete") == 2 and answered == []

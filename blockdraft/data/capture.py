@@ -235,7 +235,7 @@ class Capture:
             indices = list(range(number * rps, min((number + 1) * rps, len(dataset))))
             for at in range(0, len(indices), cfg.rows_per_forward):
                 chunk = indices[at:at + cfg.rows_per_forward]
-                items = [dataset[i] for i in chunk]
+                items = [{**dataset[i], "prompt_hashes": dataset.row_prompt_hashes(i)} for i in chunk]
                 wheres = [f"data.{name} row from line(s) {dataset.source_lines(i)}" for i in chunk]
                 rows += self._rows(target, items, collate(items, pad_id=pad), limit, wheres)
                 tokens += sum(len(item["input_ids"]) for item in items)
@@ -277,7 +277,7 @@ class Capture:
             rows.append({
                 "input_ids": batch["input_ids"][r, :n], "loss_mask": batch["loss_mask"][r, :n],
                 "position_ids": batch["position_ids"][r, :n], "document_lengths": item["document_lengths"],
-                "features": row_features, **teacher,
+                "prompt_hashes": item["prompt_hashes"], "features": row_features, **teacher,
             })
         return rows
 

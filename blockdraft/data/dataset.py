@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from blockdraft.data.config import DataConfig, as_data_config
+from blockdraft.data.prompt_record import prompt_hash
 from blockdraft.data.rows import RejectReport, iter_rows, new_report, parsed_source
 from blockdraft.data.sources import load_rows
 from blockdraft.data.tokenize import RowRejected, chat_template_of, tokenize_row
@@ -28,7 +29,9 @@ from blockdraft.errors import DataError
 log = logging.getLogger(__name__)
 
 # Bump when the cached layout or the tokenisation rules change, so old entries are ignored.
-CACHE_FORMAT = 2  # 2: data.max_rows counts training rows (after rejects and packing), as a feature store does
+# 2: data.max_rows counts training rows (after rejects and packing), as a feature store does; 3: each
+# conversation's prompt hash, for the record of training prompts
+CACHE_FORMAT = 3
 
 
 @dataclass
@@ -39,9 +42,11 @@ class Documents:
     loss_mask: torch.Tensor  # (total,) bool
     starts: torch.Tensor  # (D + 1,) int64
     lines: torch.Tensor  # (D,) int64: source line (or row) of each conversation
+    prompt_hashes: torch.Tensor  # (D,) int64: each conversation's prompt (blockdraft/data/prompt_record.py)
 
     @classmethod
-    def from_lists(cls, ids: list[list[int]], masks: list[list[bool]], lines: list[int]) -> "Documents":
+    def from_lists(cls, ids: list[list[int]], masks: list[list[bool]], lines: list[int],
+                   prompt_hashes: Optional[list[int]] = None) -> "Documents":
         lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
         starts = torch.zeros(len(ids) + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=starts[1:])
@@ -50,6 +55,7 @@ class Documents:
             loss_mask=torch.tensor([m for x in masks for m in x], dtype=torch.bool),
             starts=starts,
             lines=torch.tensor(lines, dtype=torch.int64),
+            prompt_hashes=torch.tensor(prompt_hashes if prompt_hashes is not None else [0] * len(ids), dtype=torch.int64),
         )
 
     def lengths(self) -> torch.Tensor:
@@ -58,7 +64,8 @@ class Documents:
     def prefix(self, count: int) -> "Documents":
         """The first `count` conversations."""
         end = int(self.starts[count])
-        return Documents(self.tokens[:end], self.loss_mask[:end], self.starts[:count + 1].clone(), self.lines[:count].clone())
+        return Documents(self.tokens[:end], self.loss_mask[:end], self.starts[:count + 1].clone(), self.lines[:count].clone(),
+                         self.prompt_hashes[:count].clone())
 
 
 class TokenizedDataset(Dataset):
@@ -106,6 +113,15 @@ class TokenizedDataset(Dataset):
         """Source lines of the conversations in row `index`, to trace a row back to the file."""
         first, last = int(self.row_starts[index]), int(self.row_starts[index + 1])
         return self.documents.lines[first:last].tolist()
+
+    def row_prompt_hashes(self, index: int) -> torch.Tensor:
+        """(D_r,) int64: the prompt hash of each conversation in row `index` (a feature store keeps them)."""
+        first, last = int(self.row_starts[index]), int(self.row_starts[index + 1])
+        return self.documents.prompt_hashes[first:last].clone()
+
+    def prompt_hashes(self) -> torch.Tensor:
+        """(D,) int64: the prompt of every conversation these rows hold (data.max_rows applied)."""
+        return self.documents.prompt_hashes[: int(self.row_starts[-1])]
 
 
 def reply_ends(tokens: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -204,7 +220,7 @@ def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documen
     """Every row of `source` through `tokenize_row`, counting what is set aside and why."""
     report = new_report(source)
     report.seq_length = cfg.seq_length
-    ids, masks, lines = [], [], []
+    ids, masks, lines, prompts = [], [], [], []
     rows = RowCounter(cfg.seq_length, cfg.packing)
     for row in iter_rows(source, report, strict=cfg.strict):
         result = tokenize_row(
@@ -218,11 +234,12 @@ def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documen
         ids.append(result.input_ids)
         masks.append(result.loss_mask)
         lines.append(row.line)
+        prompts.append(prompt_hash(row.messages))
         rows.add(len(result.input_ids))
         report.rows_kept += 1
         if cfg.max_rows is not None and rows.closed >= cfg.max_rows:
             break  # the first max_rows training rows are whole: no later conversation changes them
-    return Documents.from_lists(ids, masks, lines), report
+    return Documents.from_lists(ids, masks, lines, prompts), report
 
 
 class RowCounter:
@@ -321,7 +338,7 @@ def _load_cache(path: Path) -> Optional[tuple[Documents, RejectReport]]:
         return None
     try:
         saved = torch.load(path, weights_only=True)
-        documents = Documents(**{k: saved[k] for k in ("tokens", "loss_mask", "starts", "lines")})
+        documents = Documents(**{k: saved[k] for k in ("tokens", "loss_mask", "starts", "lines", "prompt_hashes")})
         return documents, RejectReport.from_dict(saved["report"])
     except Exception as e:  # a damaged entry is rebuilt, never trusted
         log.warning("ignoring unreadable tokenisation cache %s (%s); tokenising again", path, e)

@@ -8,6 +8,8 @@ A shard holds its rows laid end to end (T = the shard's tokens, R rows, D docume
     input_ids           [T] int32   loss_mask [T] bool   position_ids [T] int32 (restart per document)
     row_offsets         [R+1] int64 token offset of each row
     document_lengths    [D] int64   row_document_offsets [R+1] int64 (documents of row r)
+    prompt_hashes       [D] int64   each document's prompt (blockdraft/data/prompt_record.py): the store
+                                    carries the record of what a run from it trains on
 
 The index is rewritten (temporary name, then rename) after every shard, and lists a shard
 only once its file is complete, so a killed capture resumes at the first missing shard.
@@ -196,8 +198,12 @@ def pack_rows(rows: List[dict], storage_dtype: torch.dtype) -> Dict[str, torch.T
     if "teacher_ids" in rows[0]:  # the target's top-k per position [T, k], for soft labels
         teacher = {"teacher_ids": torch.cat([r["teacher_ids"] for r in rows]).to(torch.int32).contiguous(),
                    "teacher_logits": torch.cat([r["teacher_logits"] for r in rows]).to(storage_dtype).contiguous()}
+    prompts = {}
+    if "prompt_hashes" in rows[0]:  # [D]
+        prompts = {"prompt_hashes": torch.cat([r["prompt_hashes"] for r in rows]).to(torch.int64)}
     return {
         **teacher,
+        **prompts,
         "features": torch.cat([r["features"] for r in rows]).to(storage_dtype).contiguous(),  # [T, F]
         "input_ids": torch.cat([r["input_ids"] for r in rows]).to(torch.int32),
         "loss_mask": torch.cat([r["loss_mask"] for r in rows]).bool(),
@@ -275,6 +281,20 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
     def reply_end_tokens(self) -> torch.Tensor:
         """The last supervised token of every reply (end-of-turn tokens)."""
         return torch.cat([reply_ends(ids.long(), mask.bool()) for ids, mask in self._token_columns()])
+
+    def prompt_hashes(self) -> Optional[torch.Tensor]:
+        """(D,) int64: the prompt of every document of the split's rows within len(self); None for a store
+        captured before stores carried them."""
+        out = []
+        for shard, start in zip(self.shards, self.shard_starts):
+            rows = min(len(self) - start, len(shard.row_offsets) - 1)
+            if rows <= 0:
+                break
+            f = self._handle(shard)
+            if "prompt_hashes" not in f.keys():
+                return None
+            out.append(f.get_slice("prompt_hashes")[: int(shard.row_document_offsets[rows])])
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
     def _token_columns(self):
         """(input_ids, loss_mask) of each shard's rows within len(self): whole rows, so no reply is cut."""

@@ -21,7 +21,7 @@ class DatasetOptions:
     num_prompts: Optional[int] = None
     max_tokens: Optional[int] = None
     skip: Optional[int] = None
-    """Prompts skipped first (null = the set's default: ShareGPT starts past the rows training uses)."""
+    """Prompts skipped first (null = the set's default: ShareGPT starts at its held-out range, position 10000, which regen never trains on)."""
     use_chat_template: Optional[bool] = None
     chat_template_kwargs: Optional[Dict[str, Any]] = None
     """e.g. {enable_thinking: false} where the template has it."""
@@ -75,6 +75,9 @@ class EvalAppConfig:
     """Extra chat template variables, e.g. {enable_thinking: false}; use what training used."""
     allow_near_ties: bool = False
     """Greedy: count a first difference at a near-tie of the target's top two logprobs as lossless."""
+    allow_training_prompts: bool = False
+    """Measure a dataset's prompts that a draft trained on (its training_prompts.bin holds them) instead of refusing
+    them; eval.md's headline then names each draft and dataset whose figures they inflate."""
     ignore_eos: bool = False
     """Generate max_tokens for every prompt even past EOS."""
     # The servers (as in smoke-serve).

@@ -74,7 +74,8 @@ def build(evaluation) -> dict:
         "target": str(Path(cfg.target_dir).resolve()),
         "drafts": {label: {"dir": str(directory), "kind": p.draft.kind, "engine": p.engine,
                            "num_speculative_tokens": p.num_speculative_tokens,
-                           "training": training_accept_len(directory, cfg.runs[i] if cfg.runs else None)}
+                           "training": training_accept_len(directory, cfg.runs[i] if cfg.runs else None),
+                           "held_out": {d: held.as_dict() for d, held in evaluation.held_out.get(label, {}).items()}}
                    for i, (label, (directory, p)) in enumerate(evaluation.plans.items())},
         "datasets": {d: {"prompts": len(evaluation.prompts.get(d, [])), "skipped_too_long": evaluation.too_long.get(d, []),
                          **{k: v for k, v in vars(cfg.options(d)).items()}} for d in cfg.datasets},
@@ -103,10 +104,23 @@ def _fmt(x: Optional[float], spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def held_out_lines(report: dict) -> List[str]:
+    """eval.md's headline: each draft and dataset measured on prompts the draft trained on, and each draft
+    whose record of training prompts is missing."""
+    lines = []
+    for label, draft in report["drafts"].items():
+        for dataset, held in (draft.get("held_out") or {}).items():
+            if held["trained_on"]:
+                lines.append(f"**{label} on {Path(dataset).name}: {held['headline']}.**")
+        if any(not held["recorded"] for held in (draft.get("held_out") or {}).values()):
+            lines.append(f"{label}: no record of its training prompts: nothing says these prompts are held out.")
+    return lines + [""] if lines else []
+
+
 def markdown(report: dict) -> str:
     labels = list(report["drafts"])
     head = "| dataset | setting | concurrency | target tokens/s | " + " | ".join(labels) + " |"
-    lines = [head, "|" + "---|" * (4 + len(labels))]
+    lines = [*held_out_lines(report), head, "|" + "---|" * (4 + len(labels))]
     by_cell: Dict[tuple, Dict[str, dict]] = {}
     for r in report["results"]:
         by_cell.setdefault((r["dataset"], r["setting"], r["concurrency"]), {})[r["draft"]] = r

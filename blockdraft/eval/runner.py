@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from blockdraft.data.held_out import SHAREGPT_HELD_OUT_START
 from blockdraft.eval.cells import BASELINE, Cell, CellKey, CellStore, directory_fingerprint, identity
 from blockdraft.eval.config import EvalAppConfig, draft_label, settle_top_k
 from blockdraft.serve.client import RequestError, complete, complete_concurrently, read_spec_metrics
 from blockdraft.serve.harness import WARM_UP_TOKENS, server_arguments, speculative_config
+from blockdraft.serve.held_out_check import HeldOut, measure, refuse_trained_on
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.vllm_runtime.probe import probe_vllm
@@ -59,6 +61,7 @@ class Evaluation:
         self.prompts: Dict[str, List[EncodedPrompt]] = {}
         self.too_long: Dict[str, List[str]] = {}  # per dataset: prompts over max_model_len - max_tokens
         self.not_run: List[str] = []  # cells no engine here can run
+        self.held_out: Dict[str, Dict[str, HeldOut]] = {}  # per draft, per dataset: its prompts against its training
         self.timings: Dict[str, float] = {}
 
     @property
@@ -67,9 +70,12 @@ class Evaluation:
 
     # --- prompts ------------------------------------------------------------------------
     def encode(self) -> None:
+        """Every dataset's prompts as token ids, checked against each draft's training prompts before any
+        server starts (kept only once they pass: a refused rerun rewrites no report)."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(self.cfg.target_dir)
+        encoded: Dict[str, List[EncodedPrompt]] = {}
         for dataset in self.cfg.datasets:
             o = self.cfg.options(dataset)
             budget = self.cfg.max_model_len - o.max_tokens
@@ -80,9 +86,28 @@ class Evaluation:
 
                 raise ConfigError(f"datasets: no prompt of {dataset!r} fits in max_model_len - max_tokens = {budget} tokens; "
                                   "raise max_model_len or lower max_tokens.")
-            self.prompts[dataset] = kept
+            encoded[dataset] = kept
             self.too_long[dataset] = too_long
             say(f"{dataset}: {len(kept)} prompts" + (f" ({len(too_long)} longer than {budget} tokens skipped)" if too_long else ""))
+        self.check_held_out(encoded)
+        self.prompts = encoded
+
+    def check_held_out(self, encoded: Dict[str, List[EncodedPrompt]]) -> None:
+        """Refused when a draft trained on a dataset's prompts, unless allow_training_prompts=true; a draft
+        without a record of its training prompts is measured with a warning."""
+        found = []
+        for label, (directory, _) in self.plans.items():
+            self.held_out[label] = {d: measure(directory, [p.identity for p in prompts]) for d, prompts in encoded.items()}
+            found += [(f"dataset {d!r} for {label}", held) for d, held in self.held_out[label].items()]
+            first = next(iter(self.held_out[label].values()))
+            if not first.recorded:
+                say(f"{label}: warning: {first.line()}")
+        refuse_trained_on(found, self.cfg.allow_training_prompts,
+                          "dataset_options.<name>.skip= past them (ShareGPT's held-out range starts at "
+                          f"{SHAREGPT_HELD_OUT_START}), or another dataset")
+        for what, held in found:
+            if held.trained_on:
+                say(f"{what}: {held.headline()}")
 
     # --- cells --------------------------------------------------------------------------
     def keys(self, server: str) -> List[CellKey]:

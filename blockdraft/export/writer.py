@@ -28,6 +28,7 @@ from blockdraft.export.model_card import model_card
 from blockdraft.export.reload_check import DTYPES, ReloadResult, reload_check
 from blockdraft.export.source import CheckpointSource, resolve_checkpoint
 from blockdraft.export.target_checks import check_against_target, target_text_config
+from blockdraft.export.training_prompts import copy_record
 from blockdraft.export.vllm_config import DFLASH2_FIELDS, draft_config_from_vllm_config, vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import draft_state_dict, load_draft, load_draft_config
@@ -68,8 +69,9 @@ def export_draft(
         write_export(staging, draft, cfg, target_config, dtype, shard_size_bytes)
         faults.point("export.after_weights")
         (staging / "README.md").write_text(model_card(cfg, source, out, _target_label(target_dir, source), dtype))
+        prompts = copy_record(source, staging)
         result = verify_export(staging, draft, cfg, dtype)
-        write_export_info(staging, cfg, source, dtype, target_dir, result)
+        write_export_info(staging, cfg, source, dtype, target_dir, result, prompts)
         write_checksums(staging)  # last: it covers every file above; the importer verifies them
     except Exception as err:
         failed = _keep_failed(staging, out)
@@ -167,7 +169,8 @@ def check_config_round_trip(directory: Path, cfg: DraftModelConfig) -> None:
         raise ExportCheckError("config.json does not read back as the trained draft config:\n  " + "\n  ".join(differing))
 
 
-def write_export_info(directory: Path, cfg: DraftModelConfig, source: CheckpointSource, dtype: str, target_dir, result: ReloadResult) -> None:
+def write_export_info(directory: Path, cfg: DraftModelConfig, source: CheckpointSource, dtype: str, target_dir,
+                      result: ReloadResult, training_prompts: Optional[dict] = None) -> None:
     info = {
         # What the draft was trained as: preflight refuses a config.json edited to attend otherwise.
         "draft_kind": cfg.kind,
@@ -176,6 +179,8 @@ def write_export_info(directory: Path, cfg: DraftModelConfig, source: Checkpoint
         "dtype": dtype,
         "target": str(target_dir) if target_dir is not None else source.target_path,
         "reload_check": {"max_abs_diff": result.max_abs_diff, "tolerance": result.tolerance},
+        # The record serve and eval check their prompts against; null: the run recorded none.
+        "training_prompts": training_prompts,
     }
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
 

@@ -37,7 +37,10 @@ class ServeConfig:
     prompts: str = "tiny"
     """A JSONL file (`messages` or `{"prompt": ...}` per line) or a built-in set: sharegpt | humaneval | tiny."""
     prompts_skip: Optional[int] = None
-    """Prompts skipped before the first one used; null = 10000 for sharegpt (held out from training), else 0."""
+    """Prompts skipped before the first one used; null = 10000 for sharegpt (its held-out range, which regen never trains on), else 0."""
+    allow_training_prompts: bool = False
+    """Measure prompts the draft trained on (its training_prompts.bin holds them) instead of refusing them; the
+    report's headline then says its acceptance is inflated by memorised prompts."""
     num_prompts: int = 8
     """How many prompts are sent (fewer if the set runs out)."""
     max_tokens: int = 64

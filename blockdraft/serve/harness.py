@@ -22,11 +22,13 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from blockdraft.data.held_out import SHAREGPT_HELD_OUT_START
 from blockdraft.errors import ConfigError
-from blockdraft.export.model_card import vllm_method
+from blockdraft.export.deploy_line import vllm_method
 from blockdraft.machine import machine_facts
 from blockdraft.serve.client import Completion, RequestError, complete, complete_all, read_spec_metrics
 from blockdraft.serve.config import ServeConfig
+from blockdraft.serve.held_out_check import measure, refuse_trained_on
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.serve.report import PHASES, Round, RunRecord, build_report, print_table, write_report
@@ -54,6 +56,7 @@ def run(cfg: ServeConfig) -> dict:
     method = cfg.server_method(plan.device) if plan.engine == "vllm" else None
     record = _new_record(cfg, plan, method)
     prompts = _prompts(cfg, record)
+    record.held_out = check_held_out(cfg, prompts)
     try:
         if plan.engine == "reference":
             say("REFERENCE ENGINE, not vLLM (see the warning above): checking the draft with blockdraft.serve.engine")
@@ -127,6 +130,25 @@ def _prompts(cfg: ServeConfig, record: RunRecord) -> List[EncodedPrompt]:
     record.sources = [p.source for p in prompts]
     record.prompts_too_long = too_long
     return prompts
+
+
+def check_held_out(cfg: ServeConfig, prompts: List[EncodedPrompt]) -> dict:
+    """The prompts against the draft's record of training prompts, before any server starts: refused when
+    it trained on any, unless allow_training_prompts=true; without a record, a warning."""
+    held = measure(cfg.draft_dir, [p.identity for p in prompts])
+    refuse_trained_on([(f"prompts={cfg.prompts}", held)], cfg.allow_training_prompts, prompts_fix(cfg))
+    if not held.recorded:
+        say(f"warning: {held.line()}")
+    elif held.trained_on:
+        say(held.headline())
+    return held.as_dict()
+
+
+def prompts_fix(cfg: ServeConfig) -> str:
+    """The keys that pick other prompts."""
+    if cfg.prompts == "sharegpt" and cfg.prompts_skip is not None:
+        return f"prompts_skip=null reads ShareGPT's held-out range, from {SHAREGPT_HELD_OUT_START}; or another prompts="
+    return "another prompts= file or set, or a prompts_skip= past them"
 
 
 # --- the vLLM runs ---------------------------------------------------------------------

@@ -14,11 +14,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
+from blockdraft.data.held_out import SHAREGPT_HELD_OUT_START
+from blockdraft.data.prompt_record import prompt_hash
 from blockdraft.errors import DataError
-
-# Training data regenerated from ShareGPT takes its prompts from the start of the file
-# (about 11k prompts in all); the check reads from here on, prompts the draft never saw.
-SHAREGPT_HELD_OUT_SKIP = 10_000
 
 # Short, fixed prompts for tests and tiny targets: no package or file needed.
 TINY_PROMPTS = (
@@ -47,12 +45,14 @@ class EncodedPrompt:
     index: int  # position in the set actually sent (0-based), as mismatches report it
     source: str
     token_ids: List[int]
+    identity: int = 0  # the prompt's content hash (blockdraft/data/prompt_record.py), checked against a draft's record
 
 
 def iter_prompts(spec: str, skip: Optional[int] = None) -> Iterator[Prompt]:
-    """The prompts of a built-in set (sharegpt | humaneval | tiny) or a JSONL file, read lazily."""
+    """The prompts of a built-in set (sharegpt | humaneval | tiny) or a JSONL file, read lazily. ShareGPT's
+    start from its held-out range by default (blockdraft/data/held_out.py), prompts regen never trains on."""
     if spec == "sharegpt":
-        return _sharegpt(SHAREGPT_HELD_OUT_SKIP if skip is None else skip)
+        return _sharegpt(SHAREGPT_HELD_OUT_START if skip is None else skip)
     rows = {"humaneval": _humaneval, "tiny": _tiny}.get(spec, lambda: _jsonl(Path(spec)))()
     return islice(rows, skip or 0, None)
 
@@ -151,8 +151,13 @@ def encode_prompts(
         if len(ids) > max_prompt_tokens:
             too_long.append(prompt.source)
             continue
-        kept.append(EncodedPrompt(index=len(kept), source=prompt.source, token_ids=ids))
+        kept.append(EncodedPrompt(index=len(kept), source=prompt.source, token_ids=ids, identity=identity_of(prompt)))
     return kept, too_long
+
+
+def identity_of(prompt: Prompt) -> int:
+    """The prompt's content hash as training records it: a `prompt` row is asked as one user message."""
+    return prompt_hash(prompt.messages or [{"role": "user", "content": prompt.text or ""}])
 
 
 def _token_ids(prompt: Prompt, tokenizer, use_chat_template: bool, kwargs: Dict[str, Any]) -> List[int]:

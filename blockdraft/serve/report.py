@@ -73,6 +73,7 @@ class RunRecord:
     warnings: List[str] = field(default_factory=list)
     extra_failures: List[str] = field(default_factory=list)
     error: Optional[str] = None
+    held_out: Optional[dict] = None  # the prompts against the draft's training prompts (held_out_check.HeldOut)
 
     @property
     def complete(self) -> bool:
@@ -92,7 +93,10 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
         "timings_s": record.timings_s,
         "idle_server_cpu_s": record.idle_cpu_s,
         "warnings": list(record.warnings),
+        "held_out": record.held_out,
     }
+    if record.held_out and not record.held_out["recorded"]:
+        report["warnings"].append(record.held_out["line"])
     report.update(_throughput(record))
     if report["round_cost"] is not None and report["round_cost"] < 1.0:
         report["round_cost_suspect"] = True
@@ -242,8 +246,12 @@ def _calibration_line(rows: List[dict]) -> str:
 
 def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
     stream = stream or sys.stdout  # looked up per call, so a redirected stdout is honoured
+    headline = (report.get("held_out") or {}).get("headline")
+    if headline:
+        print(f"  {headline}", file=stream)
     rows = [
         ("engine", _engine_line(report)),
+        ("held out", _held_out_line(report.get("held_out"))),
         ("result", "PASS" if report.get("passed") else "FAIL"),
         ("lossless", _fmt(report.get("lossless"))),
         ("draft active", _fmt(report.get("draft_active"))),
@@ -275,6 +283,17 @@ def print_table(report: dict, stream: Optional[TextIO] = None) -> None:
     for mismatch in report.get("mismatches", [])[:10]:
         print(f"  mismatch: prompt {mismatch['prompt_index']} at token {mismatch['position']} "
               f"({mismatch['baseline_token']} vs {mismatch['draft_token']}, near-tie {mismatch['near_tie']})", file=stream)
+
+
+def _held_out_line(held: Optional[dict]) -> str:
+    """Whether the prompts were held out from the draft's training, as its record says."""
+    if not held:
+        return "-"
+    if not held["recorded"]:
+        return "unknown: the draft carries no record of its training prompts"
+    if held["trained_on"]:
+        return f"NO: {held['trained_on']} of {held['prompts']} prompts trained on (allow_training_prompts=true)"
+    return "yes: " + held["line"]
 
 
 def _servers_line(report: dict) -> str:

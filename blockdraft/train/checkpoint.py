@@ -1,9 +1,10 @@
 """Checkpoints: `<run_dir>/checkpoints/step_<N>/` written under a temporary name, then renamed.
 
 A checkpoint holds the draft (model.safetensors + draft_config.json, as export reads
-them), the trainer state (optimizer, scheduler, RNG, data position, step) and the
-resolved config, so a kill during a save leaves the previous checkpoint intact and
-`resume=auto` continues the same run.
+them), the trainer state (optimizer, scheduler, RNG, data position, step), the
+resolved config and the record of the prompts the run trains on (training_prompts.bin),
+so a kill during a save leaves the previous checkpoint intact and `resume=auto`
+continues the same run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.integrity import verify_checksums, write_checksums
 from blockdraft.models.draft_config import DSPARK_HEAD_KEYS
 from blockdraft.models.io import load_draft_config, save_draft
+from blockdraft.train.training_prompts import copy_run_record
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.pt"
@@ -50,6 +52,7 @@ def save_checkpoint(run_dir, step: int, draft, trainer_state: dict, config_yaml:
     faults.point("checkpoint.after_weights")
     torch.save(trainer_state, tmp / TRAINER_STATE)
     (tmp / "config.yaml").write_text(config_yaml)
+    copy_run_record(run_dir, tmp)  # the prompts it trained on travel with the weights, to the export
     write_checksums(tmp)
     _fsync_dir(tmp)
     faults.point("checkpoint.before_rename")

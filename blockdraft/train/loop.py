@@ -31,6 +31,7 @@ from blockdraft.train.setup import check_config, config_yaml, resolve_backend, r
 from blockdraft.train.step import train_step
 from blockdraft.train.stops import NonFiniteSteps, Preempted
 from blockdraft.train.time_budget import TimeBudget
+from blockdraft.train.training_prompts import run_record, write_run_record
 from blockdraft.train.target_sharding import shard_target
 
 
@@ -120,6 +121,7 @@ class Trainer:
             # From a store only the embeddings and the head are read; the decoder layers never load.
             self.target = TargetHeads.load(cfg.target.path, self.device, self.target_dtype)
         self.train_data, self.val_data = self._datasets(store)
+        self.prompt_record = run_record(self.train_data, cfg.init_from) if self.dist.is_main else None
         if self.draft_cfg.draft_vocab_size and self.resume_from is None and not cfg.init_from:
             choose_draft_vocab(self.draft, self.train_data, self.target.lm_head_weight, self.tokenizer, target_hf_cfg, self.dist.is_main)
         if self.draft_cfg.train_mask_embedding and self.resume_from is None and not cfg.init_from:
@@ -234,6 +236,7 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(self.cfg_yaml)
+            write_run_record(self.run_dir, self.prompt_record, resumed=self.resume_from is not None)
         self.logger = MetricsLogger(self.run_dir, self.dist.is_main, cfg.wandb, OmegaConf.to_container(OmegaConf.create(self.cfg_yaml)),
                                     cfg.train.max_steps, self.step, cfg.train.progress)
         window, window_start = None, time.perf_counter()

@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blockdraft.config import compose, register_schema
+from blockdraft.data.prompt_record import RECORD_NAME, PromptRecord, prompt_hash
 from blockdraft.eval import runner
 from blockdraft.eval.__main__ import evaluate
 from blockdraft.eval.config import EvalAppConfig
@@ -45,12 +46,14 @@ def evaluated(tmp_path_factory):
     first_draft, second_draft = write_fake_draft(root / "first"), write_fake_draft(root / "second")
     # A model card's validation line, as an export writes it: the table shows it beside the served figure.
     (first_draft / "README.md").write_text("validation accept_len (step 120): 1.875\n")
+    # The first draft trained on the first question (allowed below: its headline says so); the second has no record.
+    PromptRecord.of([prompt_hash([{"role": "user", "content": QUESTIONS[0]}])]).write(first_draft / RECORD_NAME)
     questions = root / "questions.jsonl"
     questions.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS))
     overrides = [f"target_dir={target}", f"drafts=[{first_draft},{second_draft}]", f"datasets=[{questions}]",
                  "settings=[greedy,sampled]", "concurrency=[1,2]", "num_prompts=2", "max_tokens=8",
                  "max_model_len=512", "startup_timeout_s=30", f"vllm_python={write_fake_python(root / 'fake_python')}",
-                 f"out={root / 'out'}"]
+                 f"out={root / 'out'}", "allow_training_prompts=true"]
     with pytest.MonkeyPatch.context() as mp:
         # The fake is no vLLM to import: the probe's answer is what a CPU vLLM that knows DFlash says.
         mp.setattr(runner, "probe_vllm", lambda *_: VllmInfo(**INFO_FIELDS))
@@ -92,6 +95,20 @@ def test_eval_writes_every_cell_table_and_plot(evaluated):
     assert report["drafts"]["first"]["training"]["accept_len"] == pytest.approx(1.875)  # from the model card
     assert report["drafts"]["second"]["training"] is None
     assert "first 1.875 (step 120), second -" in table
+
+
+def test_a_draft_measured_on_its_training_prompts_is_named_first(evaluated):
+    """allow_training_prompts=true measured the first draft on a question it trained on: eval.md opens with it,
+    and the draft without a record of its training prompts is named too (the refusal: test_held_out_refusals.py)."""
+    out, _, (report, _, stderr), _, _, _ = evaluated
+    held = report["drafts"]["first"]["held_out"]
+    assert [(d.rsplit("/", 1)[-1], h["trained_on"], h["allowed"]) for d, h in held.items()] == [("questions.jsonl", 1, True)]
+    assert not next(iter(report["drafts"]["second"]["held_out"].values()))["recorded"]
+    table = (out / "eval.md").read_text().splitlines()
+    assert table[0] == ("**first on questions.jsonl: MEASURED ON TRAINING PROMPTS: 1 of the 2 prompts are among those "
+                        "the draft trained on (allow_training_prompts=true): its acceptance here is inflated by memorised prompts.**")
+    assert table[1].startswith("second: no record of its training prompts")
+    assert "second: warning: the draft" in stderr and "carries no record" in stderr
 
 
 def test_one_server_per_draft_and_one_for_the_target_alone(evaluated):

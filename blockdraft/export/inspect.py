@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Tuple
 
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import contract_problems
+from blockdraft.export.deploy_line import deploy_line, export_deploy_line
 from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files, with_mask_embedding
-from blockdraft.export.model_card import drafted_tokens_note, serve_command, shape_line
+from blockdraft.export.model_card import shape_line
 from blockdraft.export.reference_only import SERVING_NOTE_KEY, vllm_servable
 from blockdraft.export.source import resolve_checkpoint
 from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
 from blockdraft.export.speculators_format import is_speculators_config
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
-from blockdraft.export.writer import EXPORT_INFO
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import load_draft_config
 
@@ -44,10 +43,16 @@ def describe(directory: str | Path) -> str:
         f"  dtype: {', '.join(dtypes)}   tensors: {len(headers)} in {len(weight_files(weights_dir))} file(s)   "
         f"size on disk: {_human(_disk_size(directory))}",
         "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),
-        f"  serve with {drafted_tokens_note(cfg)}:",
-        f"    {serve_command(_recorded_target(directory), directory.absolute(), cfg)}",
+        *_deploy_lines(directory, cfg),
     ]
     return "\n".join(lines)
+
+
+def _deploy_lines(directory: Path, cfg: DraftModelConfig) -> list:
+    """The export's deploy line; a checkpoint's as it will read once exported."""
+    if (directory / CONFIG_NAME).is_file():
+        return ["  deploy:", *export_deploy_line(directory).lines("    ")]
+    return ["  deploy, once exported:", *deploy_line(cfg, "<export dir>", None, cfg.train_mask_embedding).lines("    ")]
 
 
 def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
@@ -69,13 +74,6 @@ def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
         f"python -m blockdraft.export checkpoint={directory} out=<dir>"
     )
     return cfg, holds, f"{EXPORT_ARCHITECTURES[cfg.kind]} once exported", source.path
-
-
-def _recorded_target(directory: Path) -> Optional[str]:
-    info = directory / EXPORT_INFO
-    if info.is_file():
-        return json.loads(info.read_text()).get("target")
-    return None
 
 
 def _disk_size(directory: Path) -> int:

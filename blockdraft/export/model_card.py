@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
+from blockdraft.export.deploy_line import deploy_line
 from blockdraft.export.reference_only import REASONS
 from blockdraft.export.source import CheckpointSource, last_accept_lengths
+from blockdraft.export.training_prompts import card_line as training_prompts_line
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES
 from blockdraft.models.draft_config import DraftModelConfig
-
-
-def serve_command(target: Optional[str], draft_dir: str | Path, cfg: DraftModelConfig) -> str:
-    """The vLLM command for this draft with the trained number of drafted tokens (vLLM never checks
-    it). A kind vLLM cannot serve gets the reference engine's command instead."""
-    if cfg.kind in REASONS:
-        return f"python -m blockdraft.serve draft={draft_dir} target={target or '<target>'} engine=reference"
-    spec = json.dumps({"method": vllm_method(cfg.kind), "model": str(draft_dir), "num_speculative_tokens": cfg.num_speculative_tokens})
-    return f"vllm serve {target or '<target>'} --speculative-config '{spec}'"
-
-
-def vllm_method(kind: str) -> str:
-    """vLLM's speculative method: `dspark` for a DSpark draft (its V2 GPU runner), `dflash` for the rest."""
-    return "dspark" if kind == "dspark" else "dflash"
-
-
-def drafted_tokens_note(cfg: DraftModelConfig) -> str:
-    """How num_speculative_tokens follows from the block, in the draft's layout."""
-    if cfg.anchor_predicts:
-        return f"num_speculative_tokens = block_size = {cfg.block_size} (every slot, the anchor's included, predicts)"
-    return f"num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}"
 
 
 def shape_line(cfg: DraftModelConfig) -> str:
@@ -61,6 +41,7 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
         f"- target layers: {cfg.target_layer_ids}; mask token id {cfg.mask_token_id}; block size {cfg.block_size}",
         f"- data: {source.train_data or 'unknown'}",
         f"- steps: {source.step if source.step is not None else 'unknown'}",
+        training_prompts_line(source),
         *_metric_lines(source),
         "",
         "## Serve",
@@ -71,18 +52,12 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
 
 
 def _serve_lines(cfg: DraftModelConfig, target: Optional[str], out_dir: Path) -> list:
-    command = ["```", serve_command(target, out_dir, cfg), "```", ""]
-    if cfg.kind in REASONS:
-        return [
-            f"**Not servable by vLLM**: {REASONS[cfg.kind]}; config.json says so (`vllm_servable: false`). "
-            "The project's reference engine decodes it (greedy output identical to the target's, batch size 1):",
-            "", *command,
-        ]
-    return command + [
-        f"Serve with `{drafted_tokens_note(cfg)}`: vLLM does not check it against the trained block "
-        "and accepts any other value without warning.",
-        "",
-    ]
+    line = deploy_line(cfg, out_dir, target, cfg.train_mask_embedding)
+    if not line.vllm:
+        return [f"**Not servable by vLLM**: {REASONS[cfg.kind]}; config.json says so (`vllm_servable: false`). "
+                "The project's reference engine decodes it (greedy output identical to the target's, batch size 1):",
+                "", "```", line.command, "```", ""]
+    return ["```bash", line.command, "```", "", *(f"- {note}" for note in line.notes), ""]
 
 
 def kind_title(cfg: DraftModelConfig) -> str:

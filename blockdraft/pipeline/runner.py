@@ -201,4 +201,7 @@ def summarize(stages: List[Stage], records: StageRecords, spent: Dict[str, float
     from blockdraft.serve.report import print_table
 
     print_table(result)
+    from blockdraft.pipeline.deploy import print_deploy
+
+    print_deploy(next((stage.artifact for stage in stages if stage.name == "export"), None), result)
     return 0 if result.get("passed") else 1

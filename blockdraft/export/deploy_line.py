@@ -1,0 +1,129 @@
+"""The one `vllm serve` line that deploys a draft, with what it needs beyond itself.
+
+The export, `inspect`, the model card and the pipeline's final table all print what `deploy_line`
+builds, so a user never reads vLLM's source to serve a draft. What each part is, from vLLM 0.32:
+
+- the method: `dspark` for DSpark (qwen3_dspark.py), `dflash` for every DFlash kind: vLLM tells
+  DFlash2 from DFlash by the architecture `DFlash2DraftModel`, JetSpec by `is_causal`;
+- num_speculative_tokens: block_size - 1 (DFlash drafts from the MASK slots, the anchor being the
+  bonus query), block_size for DSpark with `sample_from_anchor` (every slot, the anchor's included,
+  predicts; config/speculative.py defaults it to `block_size` only when absent). Always written: vLLM
+  never checks it against the trained block;
+- VLLM_USE_V2_MODEL_RUNNER=1 for DFlash2 and DSpark: config/vllm.py's `use_v2_model_runner` takes
+  the variable first and otherwise picks V2 only with Triton and no feature V2 lacks, falling back to
+  V1, which refuses both ("Model Runner V1 does not support: DFlash candidate-head drafts" /
+  "dspark speculative decoding"). With the variable set, vLLM runs V2 or refuses at start-up with V2's
+  own reason ("Model Runner V2 requires Triton." on a machine without it);
+- the files: `mask_embedding.pt` is read from the draft directory (qwen3_dflash.py
+  `_read_mask_embedding`) and its absence is silent; a reduced vocabulary's `lm_head.weight` and
+  `d2t` ride in the safetensors, and a missing weight is not noticed by vLLM either.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional, Tuple
+
+from blockdraft.export.importer import CONFIG_NAME, read_config, with_mask_embedding
+from blockdraft.export.mask_embedding import MASK_EMBEDDING_FILE
+from blockdraft.export.reference_only import REASONS
+from blockdraft.export.vllm_config import draft_config_from_vllm_config
+from blockdraft.models.draft_config import DraftModelConfig
+
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# The kinds vLLM 0.32 serves only on its V2 GPU model runner, and why (config/vllm.py, V1's refusals).
+V2_ONLY = {
+    "dflash2": "its candidate selector runs only in V2's DFlash2 speculator; V1 refuses `DFlash candidate-head drafts`",
+    "dspark": "its speculator exists only in V2; V1 refuses `dspark speculative decoding`",
+}
+TARGET_PLACEHOLDER = "<target>"
+# Other stacks' names for our kinds, which vLLM serves only through vllm_plugin/ (its ALIASES).
+PLUGIN_ALIASES = ("Qwen3DFlashDraftModel", "Qwen3DFlash2DraftModel", "Qwen3DSparkDraftModel")
+
+
+@dataclass(frozen=True)
+class DeployLine:
+    command: str
+    """One shell line: the environment vLLM needs, then `vllm serve` (the reference engine's command for a
+    kind vLLM cannot serve)."""
+    notes: Tuple[str, ...]
+    """Why each part of the line is there, and what the draft directory must carry."""
+    vllm: bool
+    """False where vLLM cannot serve the kind at all."""
+
+    def lines(self, indent: str = "") -> list:
+        return [f"{indent}{self.command}", *(f"{indent}- {note}" for note in self.notes)]
+
+
+def vllm_method(kind: str) -> str:
+    """vLLM's speculative method: `dspark` for a DSpark draft (its V2 GPU runner), `dflash` for the rest."""
+    return "dspark" if kind == "dspark" else "dflash"
+
+
+def drafted_tokens_note(cfg: DraftModelConfig) -> str:
+    """How num_speculative_tokens follows from the block, in the draft's layout."""
+    if cfg.anchor_predicts:
+        return f"num_speculative_tokens = block_size = {cfg.block_size} (every slot, the anchor's included, predicts)"
+    return f"num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}"
+
+
+def deploy_line(cfg: DraftModelConfig, draft_dir: str | Path, target: Optional[str], mask_embedding: bool) -> DeployLine:
+    """The line for a draft of `cfg` in `draft_dir` (`mask_embedding`: it carries mask_embedding.pt)."""
+    served = shlex.quote(str(target)) if target else TARGET_PLACEHOLDER
+    if cfg.kind in REASONS:
+        command = f"python -m blockdraft.serve draft={shlex.quote(str(draft_dir))} target={served} engine=reference"
+        return DeployLine(command, (f"not servable by vLLM: {REASONS[cfg.kind]}; the reference engine decodes it "
+                                    "(greedy output identical to the target's, batch size 1)",), vllm=False)
+    spec = {"method": vllm_method(cfg.kind), "model": str(draft_dir), "num_speculative_tokens": cfg.num_speculative_tokens}
+    env = f"{V2_RUNNER_ENV}=1 " if cfg.kind in V2_ONLY else ""
+    command = f"{env}vllm serve {served} --speculative-config {shlex.quote(json.dumps(spec))}"
+    return DeployLine(command, _notes(cfg, mask_embedding), vllm=True)
+
+
+def _notes(cfg: DraftModelConfig, mask_embedding: bool) -> Tuple[str, ...]:
+    notes = [f"{drafted_tokens_note(cfg)}: vLLM does not check it against the trained block and accepts any "
+             "other value without warning"]
+    if cfg.kind in V2_ONLY:
+        notes.append(
+            f"{V2_RUNNER_ENV}=1: vLLM 0.32 serves a {cfg.kind} draft only on its V2 GPU model runner ({V2_ONLY[cfg.kind]}), "
+            "which needs Triton (a GPU); the variable makes vLLM use it or refuse at start-up with the "
+            "reason, and its log then says `Using V2 Model Runner`. A CPU vLLM cannot serve it: check it there "
+            "with the reference engine (engine=reference)")
+    if mask_embedding:
+        notes.append(
+            f"the draft directory carries {MASK_EMBEDDING_FILE}, the trained embedding of the mask slots: keep it "
+            "beside config.json (copy the whole directory). vLLM reads it from there and logs `Loaded DFlash mask "
+            f"embedding for mask_token_id {cfg.mask_token_id}`; without it vLLM embeds the mask slots with the "
+            "target's row, silently")
+    if cfg.draft_vocab_size:
+        notes.append(
+            f"a reduced vocabulary ({cfg.draft_vocab_size} of {cfg.vocab_size} tokens): the draft's own "
+            "`lm_head.weight` and `d2t` are in its safetensors and `draft_vocab_size` in config.json; ship them "
+            "together (vLLM does not notice a missing weight)")
+    return tuple(notes)
+
+
+def export_deploy_line(directory: str | Path, target: Optional[str] = None) -> DeployLine:
+    """The line for an export directory, read from its config.json and files; `target`: null = the one
+    the export recorded (blockdraft_export.json)."""
+    directory = Path(directory).absolute()
+    config = read_config(directory)
+    cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
+    line = deploy_line(cfg, directory, target or recorded_target(directory), with_mask_embedding(directory, cfg))
+    alias = next((a for a in config.get("architectures") or [] if a in PLUGIN_ALIASES), None)
+    if alias and line.vllm:
+        note = (f"vLLM's registry has no `{alias}` (another stack's name for the same draft): install the "
+                "project's vLLM plugin into the serving environment first (docs/serving.md), or re-export the draft")
+        line = replace(line, notes=line.notes + (note,))
+    return line
+
+
+def recorded_target(directory: Path) -> Optional[str]:
+    """The target the export was checked against (or trained on), as blockdraft_export.json records it."""
+    from blockdraft.export.writer import EXPORT_INFO  # here: the writer imports this module
+
+    info = Path(directory) / EXPORT_INFO
+    return json.loads(info.read_text()).get("target") if info.is_file() else None

@@ -2,14 +2,17 @@
 
     blockdraft pipeline target=<HF dir> out=<dir> [prompts=sharegpt|tiny|<rows>] [experiment=<recipe>]
         [gate=true] [round_cost=true|false] [store=auto|true|false] [force=[train,serve]] [<stage>.<key>=value ...]
+    blockdraft pipeline target=<HF dir> out=<dir> rows=<rows already answered> [heldout_rows=<rows>] ...
 
+gate     (gate=true) the one-sample gate, first: does this target and serving stack serve the draft as
+         training computes it? A failing verdict stops the run before the long stages, with the fix
 (probe)  this machine's round cost with an untrained draft of the recipe's shape, and so the mean
          acceptance length the draft needs to pay here (round_cost=false skips it; recorded per machine)
-regen    the target answers the prompts (vLLM where it can): <out>/regen/{train,heldout}.jsonl
+regen    the target answers the prompts (vLLM where it can): <out>/regen/{train,heldout}.jsonl; with rows=,
+         given: the held-out rows (heldout_rows=, or regen.num_heldout carved out by prompt content) kept apart
 capture  the target's features of those rows, once (when training uses a feature store)
 train    the recipe on the regenerated rows (torchrun when train.nproc or train.nnodes > 1)
 export   the last checkpoint as a vLLM draft directory (float32 on a CPU, where vLLM serves fp32)
-gate     (gate=true) the one-sample gate: does serving compute what training computed?
 serve    the smoke-serve check on the held-out prompts: lossless, draft active, acceptance, speedup
 
 Overrides: regen.*, capture.*, export.*, gate.*, serve.* are those apps' own keys (see their
@@ -39,11 +42,14 @@ from typing import List, Optional
 
 from blockdraft.errors import ConfigError
 from blockdraft.pipeline import commands
+from blockdraft.pipeline.gate_stage import gate_stage, gate_verdict
+from blockdraft.pipeline.given_rows import absolute_source, inspect_given
 from blockdraft.pipeline.process import StageFailed, say
 from blockdraft.pipeline.prompt_supply import check_prompt_supply
 from blockdraft.pipeline.records import StageRecords
 from blockdraft.pipeline.round_cost import early_round_cost
 from blockdraft.pipeline.runner import NodeZeroFailed, Stage, run_stages, summarize
+from blockdraft.pipeline.serve_prompts import check_serve_prompts
 from blockdraft.pipeline.settings import PipelineSettings, check_settings, keys_help, parse_overrides
 from blockdraft.pipeline.stages import decide_store, pipeline_stages
 
@@ -53,10 +59,24 @@ def prepare(s: PipelineSettings) -> dict:
     # Stages run as commands from the repository and compose configs in this process: absolute paths mean the same to both.
     s.target = str(Path(s.target).absolute()) if s.target else s.target
     s.out = str(Path(s.out).absolute()) if s.out else s.out
+    s.rows, s.heldout_rows = absolute_source(s.rows), absolute_source(s.heldout_rows)
     check_settings(s)
     cfgs = commands.composed(s)
-    check_prompt_supply(cfgs["regen"], cfgs["train"])
+    if s.rows:
+        cfgs["given"] = inspect_given(s.rows, s.heldout_rows, cfgs["regen"].num_heldout)
+        note_unused_regen_keys(s)
+    else:
+        check_prompt_supply(cfgs["regen"], cfgs["train"])
+    check_serve_prompts(cfgs)
     return cfgs
+
+
+def note_unused_regen_keys(s: PipelineSettings) -> None:
+    """With rows= no regen runs: its keys shape nothing (regen.num_heldout still sizes a carved held-out set)."""
+    used = () if s.heldout_rows else ("num_heldout",)
+    unused = [f"regen.{w}" for w in s.regen if w.lstrip("+~").split("=")[0] not in used]
+    if unused:
+        say(f"note: rows= starts from rows already answered, so no regen runs and {' '.join(unused)} shape nothing")
 
 
 def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> int:
@@ -76,14 +96,19 @@ def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> i
     cfgs = prepare(s)
     use_store, why = decide_store(s, cfgs, records, **waits)
     stages = pipeline_stages(s, cfgs, use_store, why)
-    if not follower and s.round_cost:
-        early_round_cost(s, cfgs, records)
     if follower:
         run_stages([st for st in stages if st.name in ("regen", "capture", "train")], records, s.force, s.root, **waits)
         say(f"node {s.node_rank}: training done; node 0 exports and serves")
         return 0
+    # Minutes before hours: a target or serving stack that cannot serve the draft stops the run here, in a
+    # chain of its own (no later stage's key holds the gate's).
+    gate = gate_stage(s, cfgs)
+    spent.update(run_stages([gate], records, s.force, s.root))
+    gate_verdict(s)
+    if s.round_cost:
+        early_round_cost(s, cfgs, records)
     spent.update(run_stages(stages, records, s.force, s.root))
-    return summarize([*(before or []), *stages], records, spent, time.perf_counter() - began, s.paths()["report"])
+    return summarize([*(before or []), gate, *stages], records, spent, time.perf_counter() - began, s.paths()["report"])
 
 
 def print_config(s: PipelineSettings) -> None:
@@ -93,11 +118,14 @@ def print_config(s: PipelineSettings) -> None:
     cfgs = prepare(s)
     use_store, why = decide_store(s, cfgs, StageRecords(s.root / "stages.json", writer=False))
     print(f"# feature store: {'yes' if use_store else 'no'} ({why})")
-    for stage in ("regen", "capture", "train", "export", "serve"):
+    if s.gate:
+        print(f"# --- gate, before the long stages: {' '.join(commands.stage_argv('gate', s, use_store)[1:])}")
+    if s.rows:
+        carve = f"regen.num_heldout={cfgs['regen'].num_heldout} carved out by prompt content"
+        print(f"# --- regen: given, rows={s.rows} ({cfgs['given'].count} rows), held out: {s.heldout_rows or carve}")
+    for stage in ("regen", "capture", "train", "export", "serve")[1 if s.rows else 0:]:
         print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, use_store)[1:])}")
         print(OmegaConf.to_yaml(OmegaConf.structured(cfgs[stage])))
-    if s.gate:
-        print(f"# --- gate: {' '.join(commands.stage_argv('gate', s, use_store)[1:])}")
 
 
 def main(argv: List[str], base: Optional[PipelineSettings] = None, before: Optional[List[Stage]] = None,

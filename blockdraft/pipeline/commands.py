@@ -64,9 +64,11 @@ def gate_words(s: PipelineSettings) -> List[str]:
     # The gate trains its own one-row draft: of the recipe, only what shapes the draft reaches it.
     experiment = [f"experiment={s.experiment}"] if s.experiment else []
     draft = [w for w in s.recipe if w.lstrip("+~").split("=")[0].split(".")[0] == "draft"]
-    # It checks the dtype that will be served: the export stage's (a gate.dtype= still wins).
+    # It checks the dtype that will be served, the export stage's, on the serve stage's engine and interpreter
+    # (a gate.<key>= still wins).
+    serving = [w.lstrip("+") for w in s.serve if not w.startswith("~") and w.lstrip("+").split("=")[0] in ("engine", "vllm_python")]
     return [f"target={s.target}", f"out={s.paths()['gate'].parent}", "overwrite=true", f"dtype={export_dtype(s)}",
-            *experiment, *draft, *s.gate_args]
+            *serving, *experiment, *draft, *s.gate_args]
 
 
 def serve_overrides(s: PipelineSettings) -> List[str]:
@@ -150,7 +152,7 @@ def check_server_method(serve) -> None:
         raise ConfigError(f"serve.{err}") from None
 
 
-ROUTING = ("The pipeline's own keys are target, out, prompts, experiment, gate, round_cost, store, force, node_wait_minutes; regen.*, capture.*, "
+ROUTING = ("The pipeline's own keys are target, out, prompts, rows, heldout_rows, experiment, gate, round_cost, store, force, node_wait_minutes; regen.*, capture.*, "
            "export.*, gate.* and serve.* go to those stages' apps; train.nproc/nnodes/node_rank/rdzv_endpoint to "
            "torchrun; everything else (train.*, draft.*, optim.*, data.*, ...) to the training recipe")
 

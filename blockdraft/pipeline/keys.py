@@ -27,12 +27,15 @@ def without(schema, neutral: Iterable[str]) -> dict:
 
 
 def placeheld(value, s: PipelineSettings):
-    """Every string with the run's own paths written as <out> and <target>."""
+    """Every string with the run's own paths written as <out> and <target>, and rows given by path (read in
+    place, keyed by their content through the regen stage) as <rows>."""
     if isinstance(value, dict):
         return {k: placeheld(v, s) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [placeheld(v, s) for v in value]
     if isinstance(value, str):
+        if s.rows and value in (s.rows, str(Path(s.rows))):
+            return "<rows>"
         return value.replace(str(s.root), "<out>").replace(str(Path(s.target)), "<target>")
     return value
 
@@ -43,6 +46,15 @@ def regen_inputs(s: PipelineSettings, cfg, target_fingerprint: str) -> dict:
     prompts = Path(cfg.prompts).expanduser()
     return placeheld({"target": target_fingerprint, "config": without(cfg, type(cfg).OUTPUT_NEUTRAL),
                       "prompts_file": source_fingerprint(prompts) if prompts.exists() else None}, s)
+
+
+def given_inputs(s: PipelineSettings, given, num_heldout: int) -> dict:
+    """Given rows: their content (and the held-out rows', or the carve's count and rule), not their paths."""
+    from blockdraft.pipeline.given_split import SPLIT_RULE
+
+    carve = None if given.heldout_rows else {"num_heldout": num_heldout, "rule": SPLIT_RULE}
+    return {"given": {"rows": given.identity["rows"]["sha256"],
+                      "heldout_rows": given.heldout_rows and given.identity["heldout_rows"]["sha256"], "carve": carve}}
 
 
 def capture_inputs(s: PipelineSettings, cfg) -> dict:
@@ -88,8 +100,15 @@ def export_inputs(s: PipelineSettings, cfg) -> dict:
     return placeheld({"config": without(cfg, type(cfg).OUTPUT_NEUTRAL)}, s)
 
 
-def gate_inputs(s: PipelineSettings, words) -> dict:
-    return placeheld({"argv": list(words)}, s) if s.gate else {}
+def gate_inputs(s: PipelineSettings, cfg, training, target_fingerprint: str, serving_stack) -> dict:
+    """What the gate's verdict depends on: the target, the serving stack (its packages' versions), the gate's
+    own settings and the training it composes for its sample (the recipe's draft settings resolved). No
+    stage of the run is in it: the gate runs first, and a retrain keeps it."""
+    from blockdraft.train.config import TrainAppConfig
+
+    own = without(cfg, (*type(cfg).OUTPUT_NEUTRAL, "train_overrides"))  # the overrides as `training` composes them
+    return placeheld({"target": target_fingerprint, "serving": serving_stack, "config": own,
+                      "training": without(training, TrainAppConfig.OUTPUT_NEUTRAL)}, s)
 
 
 def serve_inputs(s: PipelineSettings, cfg) -> dict:

@@ -37,10 +37,17 @@ class PipelineSettings:
     """Where every artifact of the run goes: regen/, store/, run/, export/, gate/, serve/, stages.json."""
     prompts: str = "sharegpt"
     """What the target answers in the regen stage: sharegpt | tiny | a JSONL/parquet/arrow file or dataset of chat rows."""
+    rows: Optional[str] = None
+    """Rows the target already answered (a JSONL/parquet/arrow file, a save_to_disk folder or a dataset, as data.train
+    takes): the run starts from them instead of regenerating; the regen stage is recorded as given, keyed by their content."""
+    heldout_rows: Optional[str] = None
+    """With rows=: the held-out rows (validation and the serve check), none of whose prompts rows= may ask; null =
+    regen.num_heldout rows carved out of rows= by prompt content."""
     experiment: Optional[str] = None
     """A training recipe of configs/experiment/ (its target's draft settings included)."""
     gate: bool = False
-    """Run the one-sample gate before serving (minutes; it proves the serving path computes what training did)."""
+    """Run the one-sample gate first, before regen (minutes; it proves this target and serving stack serve the draft as
+    training computes it): a failing verdict stops the run before the long stages."""
     round_cost: bool = True
     """Before the long stages, measure this machine's draft-and-verify round cost with an untrained draft of the
     recipe's shape (two vLLM start-ups, about 2 minutes on a 2-core CPU; recorded per machine in stages.json) and print the
@@ -67,8 +74,10 @@ class PipelineSettings:
 
     def paths(self) -> Dict[str, Path]:
         r = self.root
+        # Given rows with their held-out rows are trained on in place; carved or regenerated ones are written under regen/.
+        train_rows = Path(self.rows) if self.rows and self.heldout_rows else r / "regen" / "train.jsonl"
         return {
-            "train_rows": r / "regen" / "train.jsonl", "heldout_rows": r / "regen" / "heldout.jsonl", "store": r / "store",
+            "train_rows": train_rows, "heldout_rows": r / "regen" / "heldout.jsonl", "store": r / "store",
             "run": r / "run", "export": r / "export", "gate": r / "gate" / "gate.json", "report": r / "serve" / "report.json",
             "acceptance_plot": r / "serve" / "acceptance.png",
         }
@@ -82,7 +91,9 @@ class PipelineSettings:
         return int(self.torchrun.get("node_rank", 0))
 
 
-OWN_KEYS = ("target", "out", "prompts", "experiment", "gate", "round_cost", "store", "force", "node_wait_minutes")
+OWN_KEYS = ("target", "out", "prompts", "rows", "heldout_rows", "experiment", "gate", "round_cost", "store", "force",
+            "node_wait_minutes")
+NULLABLE = ("experiment", "rows", "heldout_rows")
 
 
 def keys_help(s: PipelineSettings) -> str:
@@ -125,7 +136,7 @@ def _replace(overrides: List[str], word: str) -> None:
     overrides.append(word)
 
 
-BOOLEAN_KEYS = {"gate": "run the one-sample gate before serving",
+BOOLEAN_KEYS = {"gate": "run the one-sample gate first, before the long stages",
                 "round_cost": "measure this machine's round cost before the long stages"}
 
 
@@ -152,7 +163,7 @@ def _set_own(s: PipelineSettings, key: str, value: str) -> None:
         if s.node_wait_minutes <= 0:
             raise ConfigError(f"node_wait_minutes={value}: use a positive number of minutes.")
     else:
-        setattr(s, key, None if key == "experiment" and value in ("", "null") else value)
+        setattr(s, key, None if key in NULLABLE and value in ("", "null") else value)
 
 
 def _set_torchrun(s: PipelineSettings, key: str, value: str) -> None:
@@ -176,6 +187,17 @@ def check_settings(s: PipelineSettings) -> None:
         raise ConfigError("out= is missing: pass the directory every artifact of the run goes to.")
     if s.gate_args and not s.gate:
         raise ConfigError(f"{['gate.' + a for a in s.gate_args]} without gate=true: add gate=true to run the gate.")
+    if s.heldout_rows and not s.rows:
+        raise ConfigError(f"heldout_rows={s.heldout_rows} without rows=: add rows=<the training rows it is held out "
+                          "from>, or drop it (regen holds out regen.num_heldout prompts of its own).")
+    for key in ("rows", "heldout_rows"):
+        given = getattr(s, key)
+        if given and s.out and Path(s.out, "regen") in (Path(given), *Path(given).parents):
+            raise ConfigError(f"{key}={given} lies in {Path(s.out, 'regen')}, which the regen stage writes (and moves aside "
+                              "when its inputs change); copy the rows elsewhere first, or pick another out=.")
+    if s.rows and s.prompts != PipelineSettings.prompts:
+        raise ConfigError(f"prompts={s.prompts} and rows={s.rows}: prompts= is what regen answers, rows= replaces regen "
+                          "with rows already answered; drop one.")
     nnodes = int(s.torchrun.get("nnodes", 1))
     if nnodes > 1 and "rdzv_endpoint" not in s.torchrun:
         raise ConfigError(f"train.nnodes={nnodes}: set train.rdzv_endpoint=<host of node 0>:<port> too.")

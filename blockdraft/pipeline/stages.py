@@ -21,7 +21,7 @@ def use_feature_store(s: PipelineSettings, cfgs: dict) -> tuple:
     GPU when training reads each row more than once; never a store that would fill the disk."""
     if s.store != "auto":
         return s.store == "true", f"store={s.store}"
-    regen, train = cfgs["regen"], cfgs["train"]
+    train, (rows, _) = cfgs["train"], planned_rows(cfgs)
     size, free = store_bytes(cfgs), free_bytes(s.root)
     if size > free / 2:
         return False, (f"a store of these rows would take up to {size / 2**30:.0f} GiB, more than half the "
@@ -30,9 +30,18 @@ def use_feature_store(s: PipelineSettings, cfgs: dict) -> tuple:
         return True, "no GPU: the target runs once per row instead of once per step"
     loop = train.train
     rows_read = loop.max_steps * loop.micro_batch_size * loop.grad_accum * s.nproc * int(s.torchrun.get("nnodes", 1))
-    if rows_read > regen.num_train:
-        return True, f"training reads {rows_read} rows of {regen.num_train}: each more than once"
-    return False, f"training reads {rows_read} rows of {regen.num_train}: each at most once, features captured online"
+    if rows_read > rows:
+        return True, f"training reads {rows_read} rows of {rows}: each more than once"
+    return False, f"training reads {rows_read} rows of {rows}: each at most once, features captured online"
+
+
+def planned_rows(cfgs: dict) -> tuple:
+    """(training rows, the most tokens one can hold): regen's count and caps, or for given rows their count
+    (all of them, an upper bound) at the recipe's data.seq_length, where training cuts them."""
+    given, regen = cfgs.get("given"), cfgs["regen"]
+    if given is not None:
+        return given.count, int(cfgs["train"].data.seq_length)
+    return regen.num_train, regen.max_prompt_tokens + regen.max_tokens * regen.max_turns
 
 
 def decide_store(s: PipelineSettings, cfgs: dict, records: StageRecords, follower: bool = False,
@@ -63,10 +72,10 @@ def store_bytes(cfgs: dict) -> float:
     from blockdraft.models.resolve import resolve_layer_ids
     from blockdraft.models.target_families import load_text_config
 
-    regen, capture = cfgs["regen"], cfgs["capture"]
+    capture, (rows, row_tokens) = cfgs["capture"], planned_rows(cfgs)
     config = load_text_config(capture.target.path)
     width = len(resolve_layer_ids(capture.draft, config)) * int(config.hidden_size)
-    tokens = regen.num_train * (regen.max_prompt_tokens + regen.max_tokens * regen.max_turns)
+    tokens = rows * row_tokens
     return float(tokens * width * (4 if capture.storage_dtype == "float32" else 2))
 
 
@@ -97,11 +106,13 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str) 
         # A finished check is cached even when it failed (the report says why); a stopped one is not.
         return not json.loads(p["report"].read_text()).get("incomplete", True)
 
+    regen = (given_stage(s, cfgs) if s.rows else
+             Stage("regen", keys.regen_inputs(s, cfgs["regen"], target_fingerprint(s.target)),
+                   command_stage("regen", commands.stage_argv("regen", s, use_store), "rerun: it resumes after the rows already written"),
+                   lambda: p["train_rows"].is_file() and p["heldout_rows"].is_file(), p["train_rows"].parent,
+                   moves=p["train_rows"].parent))
     stages = [
-        Stage("regen", keys.regen_inputs(s, cfgs["regen"], target_fingerprint(s.target)),
-              command_stage("regen", commands.stage_argv("regen", s, use_store), "rerun: it resumes after the rows already written"),
-              lambda: p["train_rows"].is_file() and p["heldout_rows"].is_file(), p["train_rows"].parent,
-              moves=p["train_rows"].parent),
+        regen,
         Stage("capture", keys.capture_inputs(s, cfgs["capture"]) if use_store else {},
               command_stage("capture", commands.stage_argv("capture", s, use_store), "rerun: it resumes at the first unfinished shard"),
               lambda: (p["store"] / "index.json").is_file(), p["store"], moves=p["store"],
@@ -113,12 +124,29 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str) 
         Stage("export", keys.export_inputs(s, cfgs["export"]),
               command_stage("export", commands.stage_argv("export", s, use_store), "see the export's message above"),
               lambda: (p["export"] / "config.json").is_file(), p["export"], moves=p["export"]),
-        Stage("gate", keys.gate_inputs(s, commands.gate_words(s)),
-              command_stage("gate", commands.stage_argv("gate", s, use_store), f"its verdict is in {p['gate']}"),
-              lambda: p["gate"].is_file(), p["gate"], moves=p["gate"].parent, skip_reason=None if s.gate else "gate=false"),
         Stage("serve", keys.serve_inputs(s, cfgs["serve"]), serve, lambda: p["report"].is_file(), p["report"],
               moves=p["report"].parent),
     ]
     if use_store:
         say(f"training from a feature store ({why})")
     return stages
+
+
+def given_stage(s: PipelineSettings, cfgs: dict) -> Stage:
+    """The regen stage of a run given its rows: recorded as given, keyed by their content, and making only
+    the split (pipeline/given_split.py): the held-out rows, and the training ones when carved."""
+    from blockdraft.pipeline.given_split import GIVEN_NAME, write_given_split
+
+    p, given, num_heldout = s.paths(), cfgs["given"], cfgs["regen"].num_heldout
+    out = p["heldout_rows"].parent
+
+    def run() -> bool:
+        say(f"regen: given rows={given.rows}; held out: "
+            f"{given.heldout_rows or f'regen.num_heldout={num_heldout} prompts carved out by their content'}")
+        account = write_given_split(given.rows, given.heldout_rows, num_heldout, out, say)
+        say(f"regen: {account['train']} training rows, {account['heldout']} held out, no prompt in both")
+        return True
+
+    made = [out / GIVEN_NAME, p["heldout_rows"], *([] if given.heldout_rows else [p["train_rows"]])]
+    return Stage("regen", keys.given_inputs(s, given, num_heldout), run,
+                 lambda: all(f.exists() for f in made), out, moves=out)

@@ -5,13 +5,15 @@
 
 It takes the target's own greedy reply to one prompt, trains a draft on that single row
 until it has memorised it (`steps`, doubled up to `max_steps` while training's acceptance
-length on the row is below min_ratio x block_size), exports the draft, and serves it on that
-prompt (vLLM where it can run the draft, the reference engine otherwise, as the smoke-serve
-check decides). Serving must then accept about what training reached on the same row (at
-least min_ratio x training's accept_len). Anything that differs between training and serving
-(layer offsets, positions, masks, names, dtypes) makes it fall far short, in minutes and with
-no data. A draft that never memorised the row is its own verdict ("undertrained"), not a
-serving fault. Every key the gate does not know goes to training.
+length on the row is below min_ratio x what a perfect draft reaches there), exports the draft,
+and serves it on that prompt (vLLM where it can run the draft, the reference engine otherwise,
+as the smoke-serve check decides). Serving must then accept about what training reached on the
+same row: at least min_ratio x a perfect draft's serving acceptance on the reply, scaled by the
+share of a perfect draft's accept_len training reached (serve/gate_floors.py: a short reply
+holds even a perfect draft below block_size). Anything that differs between training and
+serving (layer offsets, positions, masks, names, dtypes) makes it fall far short, in minutes
+and with no data. A draft that never memorised the row is its own verdict ("undertrained"),
+not a serving fault. Every key the gate does not know goes to training.
 
 Exit status: 0 passed, 1 failed (the verdict says why), 2 refused before any work.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
@@ -29,6 +31,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.serve.gate_response import DATA_NAME, PROMPT_NAME, Sample, make_sample, read_sample
 
 VERDICT_NAME = "gate.json"
+CEILINGS_NAME = "perfect_draft.json"  # what a perfect draft reaches on the sample in training
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PROMPT = "Tell me about the moon."
 
@@ -46,9 +49,10 @@ class GateConfig:
     steps: int = 300
     """Optimizer steps on the one row; doubled, up to max_steps, until the draft has memorised it."""
     max_steps: int = 1200
-    """The most steps the gate trains while training's accept_len on the row is below min_ratio x block_size."""
+    """The most steps the gate trains while training's accept_len on the row is below min_ratio x a perfect draft's."""
     min_ratio: float = 0.9
-    """Memorised: training's accept_len >= min_ratio x block_size; pass: serving's >= min_ratio x training's."""
+    """Memorised: training's accept_len >= min_ratio x a perfect draft's on the row; pass: serving's >= min_ratio x a
+    perfect draft's on the reply, scaled by the share of a perfect draft's accept_len training reached."""
     engine: str = "auto"
     """auto (vLLM where it can run the draft) | vllm | reference, as in `blockdraft.serve`."""
     dtype: str = "auto"
@@ -59,8 +63,16 @@ class GateConfig:
     """Replace an earlier gate run in `out`."""
     recheck: bool = False
     """Serve the export already in `out` again against its sample (after editing it, or another vLLM)."""
+    allow_training_prompts: bool = False
+    """recheck=true on an export the gate did not train: serve it on the gate's prompt even where its
+    training_prompts.bin says it trained on it (its verdict's first warning says so). The gate's own draft
+    trains on that prompt by design and is never refused."""
     train_overrides: List[str] = field(default_factory=list)
     """Every word that is not a gate key (experiment=, draft=, draft.*, train.*, ...): a training override."""
+
+    # Where and with which interpreter it runs, and whether an earlier run is replaced: no verdict changes
+    # with them (the serving stack's versions are keyed apart, by the pipeline).
+    OUTPUT_NEUTRAL = ("out", "vllm_python", "overwrite", "recheck")
 
     def validate(self) -> "GateConfig":
         if not self.target or not Path(self.target).is_dir():
@@ -148,24 +160,28 @@ def check_before_work(cfg: GateConfig, out: Path) -> None:
     if composed.draft.mask_token_id is None:
         choose_mask_token(cfg)
         composed = training_config(cfg, out, 1)
+    if composed.train.loss_type != "block":
+        raise ConfigError(f"train.loss_type={composed.train.loss_type}: the gate trains plain blocks, as serving drafts "
+                          "them, and its memorised floor is a perfect plain-block draft's; drop the override.")
     check_config(OmegaConf.to_object(composed), data_ready=False)
 
 
-def training_config(cfg: GateConfig, out: Path, reply_length: int, steps: Optional[int] = None):
+def training_config(cfg: GateConfig, out: Path, anchors: int, steps: Optional[int] = None):
     """The training app's config for the one row: the gate's defaults, the user's overrides, then
     what the gate must fix (its one row, never a recipe's regenerated data, no validation, its run
-    directory, this target)."""
+    directory, this target). `anchors`: the row's valid anchors (every one is drawn each step)."""
     from blockdraft.config import compose, register_schema
     from blockdraft.train.config import TrainAppConfig
 
     register_schema("train_schema", TrainAppConfig)
-    anchors = max(1, reply_length)  # every position of the reply anchors a block
+    anchors = max(1, anchors)
     # Memorising is fastest on the hard labels: a recipe's KL (JetSpec's) against a target whose
     # next-token distribution is flat would take many more steps to fix each argmax, and the
-    # loss is not what the gate checks. An override on the command line still wins.
+    # loss is not what the gate checks. Plain blocks are what serving drafts, and what the
+    # memorised floor is computed for. An override on the command line still wins.
     steps = steps or cfg.steps
     defaults = [f"train.max_steps={steps}", "train.micro_batch_size=1", "train.grad_accum=1",
-                "train.ce_weight=1.0", "train.kl_weight=0.0",
+                "train.ce_weight=1.0", "train.kl_weight=0.0", "train.loss_type=block",
                 f"train.num_anchors={anchors}", f"train.log_every={max(1, cfg.steps // 10)}", f"train.save_every={steps}"]
     # The first `steps` start a new run; more steps continue it from its checkpoint.
     start = ["overwrite=true"] if steps == cfg.steps else ["resume=auto"]
@@ -192,7 +208,42 @@ def run_gate(cfg: GateConfig) -> dict:
         say(f"{len(sample.reply_ids)} reply tokens after {len(sample.prompt_ids)} prompt tokens; training {cfg.steps} steps on them")
         train_and_export(cfg, out, sample)
     sample = read_sample(out)
-    return judge(cfg, out, sample, serve(cfg, out, sample))
+    return judge(cfg, out, sample, serve(cfg, out, sample), recorded_ceilings(cfg, out, sample))
+
+
+@dataclass
+class Ceilings:
+    """Training on the sample (serve/gate_floors.py): a perfect draft's accept_len (None: no valid anchor)
+    and the valid anchors it is the mean over."""
+
+    training: Optional[float]
+    anchors: int
+
+
+def sample_ceilings(cfg: GateConfig, out: Path, sample: Sample) -> Ceilings:
+    """The sample's row tokenised as training tokenises it (the composed data settings), and so the
+    anchors training draws on it and a perfect draft's accept_len there."""
+    from transformers import AutoTokenizer
+
+    from blockdraft.data.tokenize import RowRejected, tokenize_row
+    from blockdraft.serve.gate_floors import drafted_tokens, training_ceiling
+
+    composed = training_config(cfg, out, len(sample.reply_ids))
+    data = composed.data
+    row = tokenize_row(sample.messages(), AutoTokenizer.from_pretrained(cfg.target), data.seq_length, data.overlong,
+                       dict(data.chat_template_kwargs))
+    if isinstance(row, RowRejected):
+        raise ConfigError(f"training would set the gate's sample aside ({row.detail}); pick another prompt= or raise "
+                          "data.seq_length=.")
+    mask = row.loss_mask
+    anchors = sum(1 for here, after in zip(mask, mask[1:]) if here and after)
+    return Ceilings(training_ceiling(mask, drafted_tokens(composed.draft)), anchors)
+
+
+def recorded_ceilings(cfg: GateConfig, out: Path, sample: Sample) -> Ceilings:
+    """The ceilings the run was trained with (a recheck may pass other training overrides, or none)."""
+    path = out / CEILINGS_NAME
+    return Ceilings(**json.loads(path.read_text())) if path.is_file() else sample_ceilings(cfg, out, sample)
 
 
 def train_and_export(cfg: GateConfig, out: Path, sample: Sample) -> None:
@@ -200,14 +251,16 @@ def train_and_export(cfg: GateConfig, out: Path, sample: Sample) -> None:
     from blockdraft.train.loop import run_training
 
     steps = cfg.steps
-    composed = training_config(cfg, out, len(sample.reply_ids), steps)
-    floor = cfg.min_ratio * int(composed.draft.block_size)
-    run = run_training(composed)
+    ceilings = sample_ceilings(cfg, out, sample)
+    (out / CEILINGS_NAME).write_text(json.dumps(asdict(ceilings)) + "\n")
+    anchors = max(ceilings.anchors, len(sample.reply_ids))
+    floor = cfg.min_ratio * (ceilings.training or 0.0)
+    run = run_training(training_config(cfg, out, anchors, steps))
     while (reached := (last_training_row(out) or {}).get("accept_len")) is not None and reached < floor and steps < cfg.max_steps:
         steps = min(2 * steps, cfg.max_steps)
-        say(f"training's accept_len on the sample is {reached:.2f} < {floor:.2f} = {cfg.min_ratio} x block_size: "
-            f"not memorised yet; training on to {steps} steps (max_steps={cfg.max_steps})")
-        run = run_training(training_config(cfg, out, len(sample.reply_ids), steps))
+        say(f"training's accept_len on the sample is {reached:.2f} < {floor:.2f} = {cfg.min_ratio} x {ceilings.training:.2f}, "
+            f"a perfect draft's on this sample: not memorised yet; training on to {steps} steps (max_steps={cfg.max_steps})")
+        run = run_training(training_config(cfg, out, anchors, steps))
     dtype = export_dtype(cfg)
     say(f"exporting {run} ({dtype})")
     export_draft(run, out / "export", dtype=dtype, target_dir=cfg.target)
@@ -223,20 +276,26 @@ class Served:
     block_size: int
     kind: str
     warnings: List[str]
+    drafted: int
+    """Tokens drafted per round (num_speculative_tokens)."""
 
 
 def serve(cfg: GateConfig, out: Path, sample: Sample) -> Served:
     from blockdraft.serve.config import ServeConfig
+    from blockdraft.serve.held_out_check import check_gate_prompt
     from blockdraft.serve.preflight import plan_serving
 
     serve_cfg = ServeConfig(draft_dir=str(out / "export"), target_dir=cfg.target, prompts=str(out / PROMPT_NAME),
                             num_prompts=1, max_tokens=max(1, len(sample.reply_ids)), rounds=1, out=str(out / "serve"),
                             overwrite=True, engine=cfg.engine, vllm_python=cfg.vllm_python,
                             max_model_len=len(sample.prompt_ids) + len(sample.reply_ids) + 64)
+    # Before any server: a draft the gate did not train must not have trained on its prompt.
+    notes = check_gate_prompt(out / "export", sample.prompt, cfg.allow_training_prompts)
     plan = plan_serving(serve_cfg)
-    for warning in plan.warnings:
+    for warning in [*notes, *plan.warnings]:
         say(f"warning: {warning}")
-    facts = dict(block_size=plan.draft.block_size, kind=plan.draft.kind, warnings=list(plan.warnings))
+    facts = dict(block_size=plan.draft.block_size, kind=plan.draft.kind, warnings=[*notes, *plan.warnings],
+                 drafted=plan.num_speculative_tokens)
     if plan.engine == "reference":
         return _serve_reference(plan, sample, facts)
     return _serve_vllm(serve_cfg, plan, sample, facts)
@@ -273,16 +332,23 @@ def last_training_row(out: Path) -> Optional[dict]:
     return rows[-1] if rows else None
 
 
-def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served) -> dict:
-    """Serving's acceptance on the sample against what training reached on it: far less is a serving fault;
-    a draft that never memorised the sample is its own verdict, whatever serving did."""
+def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served, ceilings: Ceilings) -> dict:
+    """Serving's acceptance on the sample against what training reached on it, each as a share of what a
+    perfect draft reaches there (a short reply holds even a perfect draft below block_size): serving's far
+    below training's is a serving fault; a draft that never memorised the sample is its own verdict,
+    whatever serving did."""
+    from blockdraft.serve.gate_floors import serving_ceiling
     from blockdraft.serve.verdict import first_difference
 
     acceptance = 1.0 + served.num_accepted / served.num_drafts if served.num_drafts else 0.0
-    floor = cfg.min_ratio * served.block_size
     last = last_training_row(out) or {}
     trained = last.get("accept_len")
-    expected = cfg.min_ratio * (trained if trained is not None else served.block_size)
+    # Serving's ceiling with the drafts it made (num_speculative_tokens may differ from training's).
+    serve_best = serving_ceiling(len(sample.reply_ids), served.drafted) or 0.0
+    floor = cfg.min_ratio * ceilings.training if ceilings.training else None
+    # How close training came to a perfect draft; serving should come as close to its own perfect.
+    share = min(1.0, trained / ceilings.training) if trained is not None and ceilings.training else 1.0
+    expected = cfg.min_ratio * serve_best * share
     failures, verdict_name = [], "passed"
     at = first_difference(served.tokens, sample.reply_ids)
     if at is not None:
@@ -294,15 +360,19 @@ def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served) -> dict:
         failures.append("no draft was proposed: the draft was not used")
     elif acceptance < expected:
         verdict_name = "serving differs"
-        failures.append(f"mean acceptance length {acceptance:.2f} in serving < {cfg.min_ratio} x {expected / cfg.min_ratio:.2f} "
-                        f"that training reached on the same sample: serving does not compute what training learned "
-                        "(check target_layer_ids, positions, masks, names, dtypes)")
-    elif trained is not None and trained < floor:
+        reached = "" if trained is None else (f", scaled by {share:.2f}: training reached {trained:.2f} of a perfect "
+                                              f"draft's {ceilings.training:.2f}")
+        failures.append(f"mean acceptance length {acceptance:.2f} in serving < {expected:.2f} = {cfg.min_ratio} x "
+                        f"{serve_best:.2f}, what a perfect draft accepts on this {len(sample.reply_ids)}-token reply"
+                        f"{reached}: serving does not compute what training learned (check target_layer_ids, positions, "
+                        "masks, names, dtypes)")
+    elif trained is not None and floor is not None and trained < floor:
         verdict_name = "undertrained"
-        failures.append(f"training did not memorise the sample: its accept_len {trained:.2f} < {cfg.min_ratio} x block_size "
-                        f"{served.block_size} = {floor:.2f} after {last.get('step')} steps. Serving accepted "
-                        f"{acceptance:.2f}, as much as training reached, so nothing says serving differs; the check is "
-                        "weaker than with a memorised draft: rerun with a larger max_steps= (or a higher optim.lr=)")
+        failures.append(f"training did not memorise the sample: its accept_len {trained:.2f} < {cfg.min_ratio} x "
+                        f"{ceilings.training:.2f} = {floor:.2f}, what a perfect draft reaches on this sample at block "
+                        f"{served.block_size}, after {last.get('step')} steps. Serving accepted {acceptance:.2f}, as much "
+                        "as training reached, so nothing says serving differs; the check is weaker than with a memorised "
+                        "draft: rerun with a larger max_steps= (or a higher optim.lr=)")
     verdict = {
         "passed": not failures,
         "verdict": verdict_name,
@@ -313,6 +383,8 @@ def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served) -> dict:
         "mean_acceptance_length": acceptance,
         "min_acceptance_length": expected,
         "memorised_floor": floor,
+        "perfect_train_accept_len": ceilings.training,
+        "perfect_acceptance_length": serve_best,
         "acceptance_per_position": [n / served.num_drafts for n in served.accepted_per_position] if served.num_drafts else [],
         "num_drafts": served.num_drafts,
         "reply_tokens": len(sample.reply_ids),
@@ -338,8 +410,6 @@ def usage() -> str:
 
 def print_config(cfg: GateConfig) -> None:
     """`--cfg job`: the gate's settings, then the training config it composes (nothing is run or written)."""
-    from dataclasses import asdict
-
     from omegaconf import OmegaConf
 
     print(OmegaConf.to_yaml(asdict(cfg)))
@@ -368,7 +438,8 @@ def main(argv: List[str]) -> int:
         print("interrupted; every server started was stopped", file=sys.stderr)
         return 130
     print(json.dumps({k: verdict[k] for k in ("passed", "verdict", "kind", "engine", "mean_acceptance_length", "min_acceptance_length",
-                                              "block_size", "train_accept_len")}))
+                                              "perfect_acceptance_length", "block_size", "train_accept_len",
+                                              "perfect_train_accept_len")}))
     for failure in verdict["failures"]:
         say(f"FAILED: {failure}")
     say(f"{'PASSED' if verdict['passed'] else 'FAILED'}: {Path(cfg.out) / VERDICT_NAME}")

@@ -1,6 +1,8 @@
 """The one-sample fidelity gate on the tiny target: DFlash, JetSpec and a reduced-vocabulary DFlash
 draft memorise the target's reply and vLLM on CPU accepts nearly every drafted token; an export
-with its target_layer_ids shifted by one fails it.
+with its target_layer_ids shifted by one fails it. DFlash is gated at block 16 on a 26-token reply,
+where even a perfect draft stays far below 0.9 x 16 in training and in serving: it passes, its
+floors being what a perfect draft reaches on that reply (serve/gate_floors.py).
 
 `make test` gates DFlash (one vLLM start); JetSpec and the reduced vocabulary are gated in `make
 test-slow`, while faster tests in `make test` hold what vLLM reads of them: vLLM parses the exports'
@@ -12,6 +14,7 @@ import shutil
 
 import pytest
 
+from blockdraft.data.prompt_record import RECORD_NAME, PromptRecord, prompt_hash
 from blockdraft.serve import gate
 from tests.integration.conftest import REDUCED_VOCAB, REPO
 
@@ -22,13 +25,14 @@ pytestmark = [
     pytest.mark.skipif(not SERVE_PYTHON.exists(), reason="no vLLM serving environment: run `make setup-serve`"),
 ]
 STEPS = 150  # the tiny draft has memorised its 48-token reply by then (all slots right at ~120)
+SHORT_REPLY = 26  # at block 16: two rounds in serving, at most 13.0 accepted; 11.96 in training
 KINDS = {
-    "dflash": [],
+    "dflash": ["draft.block_size=16", f"max_tokens={SHORT_REPLY}"],
     "jetspec": ["draft=jetspec"],
     "reduced_vocab": [f"draft.draft_vocab_size={REDUCED_VOCAB}"],
 }
 # JetSpec is gated on a target whose reply to the default prompt does not round-trip (below); DFlash
-# keeps the whole 48-token reply, which the shifted-layers check needs to tell a broken export apart.
+# keeps the whole reply, which the shifted-layers check needs to tell a broken export apart.
 ROUND_TRIP_BREAKER = ";"
 
 
@@ -73,14 +77,22 @@ def test_the_gate_passes_through_vllm(gated, kind):
     code = gate_kind(kind)
     verdict = json.loads((root / kind / "gate.json").read_text())
     assert code == 0, verdict["failures"]
-    assert verdict["passed"] and verdict["engine"] == "vllm" and verdict["block_size"] == 4
-    assert verdict["mean_acceptance_length"] >= 0.9 * 4 and verdict["num_drafts"] > 0
+    assert verdict["passed"] and verdict["engine"] == "vllm" and verdict["num_drafts"] > 0
+    if kind == "dflash":  # a perfect draft's acceptance on 26 tokens in vLLM: 1 + (15 + 9) / 2
+        assert verdict["block_size"] == 16 and verdict["reply_tokens"] == SHORT_REPLY
+        assert verdict["mean_acceptance_length"] == verdict["perfect_acceptance_length"] == 13.0
+        assert 0.9 * 11.96 <= verdict["train_accept_len"] < 0.9 * 16
+    else:
+        assert verdict["block_size"] == 4 and verdict["mean_acceptance_length"] >= 0.9 * 4
     print(f"{kind}: gate acceptance {verdict['mean_acceptance_length']:.2f}, per position {verdict['acceptance_per_position']}")
     config = json.loads((root / kind / "export" / "config.json").read_text())
     assert config["is_causal"] is (kind == "jetspec")
     assert ("draft_vocab_size" in config) is (kind == "reduced_vocab")
     # Served by vLLM on the prompt whose reply the draft memorised: the output is the target's own.
     response = json.loads((root / kind / "response.json").read_text())
+    # Its own draft trained on that one prompt, by design, as its record says: served there, not refused.
+    record = PromptRecord.read(root / kind / "export" / RECORD_NAME)
+    assert record.hashes.tolist() == [prompt_hash([{"role": "user", "content": response["prompt"]}])]
     assert len(response["reply_ids"]) > 16 and not verdict["failures"]
     if kind == "jetspec":  # trained and served on the longest prefix that round-trips, before the first 0x80
         assert 0x80 not in response["reply_ids"] and response["generated_tokens"] > len(response["reply_ids"]) >= 16
@@ -100,7 +112,7 @@ def test_an_export_with_shifted_target_layers_fails_the_gate(gated, tmp_path):
     # The reference engine reads the same config.json vLLM reads, at no server start.
     assert gate.main([f"target={TARGET}", f"out={out}", "recheck=true", "engine=reference"]) == 1
     verdict = json.loads((out / "gate.json").read_text())
-    assert not verdict["passed"] and verdict["mean_acceptance_length"] < 0.9 * 4
+    assert not verdict["passed"] and verdict["mean_acceptance_length"] < verdict["min_acceptance_length"]
     assert "serving does not compute what training learned" in verdict["failures"][0]
 
 

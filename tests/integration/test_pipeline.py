@@ -61,6 +61,8 @@ def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
     assert ran(first) == ["regen", "capture", "train", "export", "serve"]
     report = json.loads((out / "serve" / "report.json").read_text())
     assert report["engine"] == "vllm" and report["lossless"] is True and report["spec_decode"]["num_drafts"] > 0
+    # The held-out rows checked against the export's record of the training rows: none trained on.
+    assert report["held_out"]["training_prompts"] > 0 and report["held_out"]["trained_on"] == 0
     # Where it ran, as vLLM's own log states its thread binding, and what a round cost.
     assert "core ids=" in report["vllm_omp_binding"]["draft"] and report["round_cost"] > 0
     assert "round cost" in first.stdout and "  machine  " in first.stdout
@@ -74,6 +76,10 @@ def test_the_pipeline_runs_every_stage_and_serves_the_draft_in_vllm(runs):
     # The serve stage measures the round cost itself: the final report says whether the draft paid, without the probe.
     assert "[pipeline] round cost:" not in first.stdout and not (out / "round_cost").exists()
     assert report["pays"]["acceptance_needed"] == report["round_cost"] and "  pays?  " in first.stdout
+    from blockdraft.export.deploy_line import export_deploy_line
+
+    # It ends with the line that deploys the export, the one the export and its model card print.
+    assert export_deploy_line(out / "export").command in first.stdout[first.stdout.index("=== deploy ==="):]
 
 
 def test_a_rerun_with_throughput_and_logging_knobs_changed_caches_every_stage(runs):

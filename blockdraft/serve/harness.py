@@ -16,6 +16,7 @@ the report says so.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import time
@@ -24,7 +25,7 @@ from typing import List, Optional
 
 from blockdraft.data.held_out import SHAREGPT_HELD_OUT_START
 from blockdraft.errors import ConfigError
-from blockdraft.export.deploy_line import vllm_method
+from blockdraft.export.deploy_line import V2_ONLY, V2_RUNNER_ENV, vllm_method
 from blockdraft.machine import machine_facts
 from blockdraft.serve.client import Completion, RequestError, complete, complete_all, read_spec_metrics
 from blockdraft.serve.config import ServeConfig
@@ -228,6 +229,8 @@ def serve_and_generate(
 @contextlib.contextmanager
 def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, speculative: Optional[dict], number: int):
     args, env = server_arguments(cfg, plan.device)
+    if speculative is not None:
+        env = with_v2_runner(env, plan.draft.kind)
     log_path = Path(cfg.out) / log_name(phase, number)
     method = record.settings.get("servers")
     label = _label(record, phase, number) if method in (None, "fresh") else f"{phase} ({method}, for every round)"
@@ -284,6 +287,15 @@ def _generate(
     if speculative:
         record.rounds[-1].metrics = read_spec_metrics(server.url).minus(before)
     return completions
+
+
+def with_v2_runner(env: dict, kind: str) -> dict:
+    """The draft server's environment: for a kind vLLM serves only on its V2 model runner, the variable the
+    deploy line sets (export/deploy_line.py), so the check serves the draft as users will deploy it; a
+    value the user set wins."""
+    if kind not in V2_ONLY or V2_RUNNER_ENV in os.environ or V2_RUNNER_ENV in env:
+        return env
+    return {**env, V2_RUNNER_ENV: "1"}
 
 
 def server_arguments(cfg: ServeConfig, device: str) -> tuple[list, dict]:

@@ -112,3 +112,18 @@ def test_the_pipeline_summary_ends_with_the_exports_line(tmp_path):
         deploy = text[text.index("=== deploy ==="):]
         assert line.command in deploy and all(note in deploy for note in line.notes)
     assert "did not pass" in printed[False] and "did not pass" not in printed[True]
+
+
+def test_the_serve_check_starts_a_v2_only_draft_as_its_deploy_line_does(monkeypatch):
+    """The smoke-serve harness's draft server gets the deploy line's VLLM_USE_V2_MODEL_RUNNER=1 for the kinds
+    vLLM serves only on V2 (else vLLM may pick V1 on a GPU and refuse the draft); a value the user set wins."""
+    from blockdraft.serve.harness import with_v2_runner
+
+    monkeypatch.delenv(V2_RUNNER_ENV, raising=False)
+    base = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    for kind in ("dflash2", "dspark"):
+        assert with_v2_runner(base, kind) == {**base, V2_RUNNER_ENV: "1"}
+    for kind in ("dflash", "jetspec"):
+        assert with_v2_runner(base, kind) == base
+    monkeypatch.setenv(V2_RUNNER_ENV, "0")
+    assert with_v2_runner(base, "dflash2") == base

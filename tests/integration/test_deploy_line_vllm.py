@@ -9,7 +9,6 @@ by V2 ("requires Triton", what a GPU has), without it by V1 (which never runs th
 import io
 import json
 import os
-import subprocess
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from blockdraft.export.writer import export_draft
 from blockdraft.models.io import save_draft
 from blockdraft.pipeline.deploy import print_deploy
 from tests.integration.conftest import REPO
+from tests.integration.serving_env import serving_run
 from tests.unit.export_helpers import make_run
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
@@ -77,8 +77,7 @@ def test_vllm_parses_each_kinds_deploy_line_into_the_speculative_config_the_draf
         assert lines[name] == export_deploy_line(export).command
     (tmp_path / "cases.json").write_text(json.dumps(lines))
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([str(SERVE_PYTHON), "tests/integration/vllm_deploy_check.py", str(tmp_path / "cases.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = serving_run(["tests/integration/vllm_deploy_check.py", str(tmp_path / "cases.json")], cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {r["name"]: r for r in (json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
                                       if line.startswith("RESULT "))}

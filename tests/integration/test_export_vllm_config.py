@@ -6,12 +6,12 @@ method=dflash; defaults fill anything missing without a word (head_dim 128, rope
 """
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from blockdraft.export.writer import export_draft
+from tests.integration.serving_env import serving_run
 from tests.unit.export_helpers import make_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,10 +65,7 @@ def test_vllm_parses_the_exported_configs(tmp_path):
     for name, settings in CASES.items():
         make_run(tmp_path / name, **settings)
         exports[name] = export_draft(tmp_path / name, tmp_path / f"{name}-out", dtype="float32")
-    done = subprocess.run(
-        [str(SERVE_PYTHON), "-c", PARSE, *map(str, exports.values())],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )
+    done = serving_run(["-c", PARSE, *map(str, exports.values())], cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     parsed = {json.loads(line[7:])["path"]: json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("PARSED ")}
     for name, out in exports.items():

@@ -7,7 +7,6 @@ Ours must give the same base logits, Markov bias, top-k corrected logits and con
 """
 
 import os
-import subprocess
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from safetensors.torch import load_file
 from blockdraft.export.writer import export_draft
 from tests.integration.conftest import REPO
 from tests.integration.renamed_draft import renamed_copy
+from tests.integration.serving_env import serving_run
 from tests.unit.export_helpers import make_run
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
@@ -80,8 +80,7 @@ def test_vllm_validates_loads_and_computes_our_dspark_exports(tmp_path):
     args += ["--case", str(alias), str(tmp_path / f"{first}_in.pt"), str(tmp_path / "alias_out.pt")]
     ours["alias"] = ours[first]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([str(SERVE_PYTHON), "scripts/check_vllm_dspark.py", "--target", str(TARGET), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = serving_run(["scripts/check_vllm_dspark.py", "--target", str(TARGET), *args], cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.count("method=dspark") == len(ours)
     assert proc.stdout.count("architectures=['Qwen3DSparkModel']") == len(ours)

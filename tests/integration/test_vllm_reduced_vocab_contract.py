@@ -8,7 +8,6 @@ draft's `logits` gives (what training and the reference engine compute).
 """
 
 import json
-import subprocess
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from blockdraft.export.writer import export_draft
 from blockdraft.models.io import save_draft
 from tests.unit.export_helpers import make_run
 from tests.integration.conftest import REPO
+from tests.integration.serving_env import serving_run
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 pytestmark = [
@@ -66,8 +66,8 @@ def test_vllm_computes_the_reduced_draft_logits_we_export(tmp_path):
     assert load_file(str(export / "model.safetensors"))["d2t"].dtype == torch.int64
     hidden = torch.randn(5, cfg.hidden_size)
     torch.save(hidden, tmp_path / "hidden.pt")
-    done = subprocess.run([str(SERVE_PYTHON), "-c", VLLM_LOGITS, str(export), str(tmp_path / "hidden.pt"), str(tmp_path / "vllm.pt")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = serving_run(["-c", VLLM_LOGITS, str(export), str(tmp_path / "hidden.pt"), str(tmp_path / "vllm.pt")],
+                       cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     pins = json.loads(next(line[5:] for line in done.stdout.splitlines() if line.startswith("PINS ")))
     assert all(pins.values()), pins

@@ -13,6 +13,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from tests.integration.conftest import REPO
+from tests.integration.serving_env import serving_run
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
@@ -26,8 +27,7 @@ pytestmark = [
 def check_weights(draft):
     # Two cores shared with other jobs: idle OpenMP threads must not spin.
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([str(SERVE_PYTHON), "scripts/check_vllm_weights.py", "--target", str(TARGET), "--draft", str(draft)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return serving_run(["scripts/check_vllm_weights.py", "--target", str(TARGET), "--draft", str(draft)], cwd=REPO, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,89 @@
+"""`serving_run(argv, ...)`: `subprocess.run([.venv-serve/bin/python, *argv], ...)` for the checks that run vLLM's
+own code on our exports, through one worker that has imported vLLM once (tests/integration/serving_worker.py).
+
+Each check used to start its own interpreter and pay vLLM's import, about 6 s here and more on slower CPUs;
+the worker forks a child per check, already imported, so a check costs what it computes. A child starts
+from the worker's state after the import, never from another check's, so each check runs as in a fresh
+process. vLLM servers are still real processes of their own (VllmServer); this is for the checks only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+WORKER = Path(__file__).with_name("serving_worker.py")
+STARTUP_TIMEOUT_S = 300.0
+
+_worker: Optional[subprocess.Popen] = None
+
+
+def _start() -> subprocess.Popen:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
+    # Its own output to a file: a pipe nobody reads would fill with vLLM's import warnings and block it.
+    log = open(Path(tempfile.gettempdir()) / f"serving_worker.{os.getpid()}.log", "w")
+    worker = subprocess.Popen([str(SERVE_PYTHON), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=log, text=True, env=env, cwd=REPO, start_new_session=True)
+    worker.log_path = log.name
+    ready = _read_line(worker, STARTUP_TIMEOUT_S)
+    if ready is None or not json.loads(ready).get("ready"):
+        _stop(worker)
+        raise RuntimeError(f"the serving-env worker did not start: {Path(log.name).read_text()[-3000:]}")
+    atexit.register(_stop, worker)
+    return worker
+
+
+def _read_line(worker: subprocess.Popen, timeout_s: float) -> Optional[str]:
+    selector = selectors.DefaultSelector()
+    selector.register(worker.stdout, selectors.EVENT_READ)
+    try:
+        if not selector.select(timeout_s):
+            return None
+        line = worker.stdout.readline()
+        return line or None
+    finally:
+        selector.close()
+
+
+def _stop(worker: subprocess.Popen) -> None:
+    if worker.poll() is None:
+        try:
+            os.killpg(worker.pid, signal.SIGKILL)  # the worker and a check still running in its child
+        except ProcessLookupError:
+            pass
+        worker.wait()
+
+
+def serving_run(argv: List[str], cwd, env: Optional[dict] = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
+    """Run `.venv-serve/bin/python *argv` in `cwd` with `env` (default: this process's) through the worker;
+    returns what subprocess.run(..., capture_output=True, text=True) would. Raises TimeoutExpired past
+    `timeout` (the worker and its check are killed; the next call starts a new one)."""
+    global _worker
+    if _worker is None or _worker.poll() is not None:
+        _worker = _start()
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "env": dict(os.environ if env is None else env),
+                   "stdout": str(out), "stderr": str(err)}
+        _worker.stdin.write(json.dumps(request) + "\n")
+        _worker.stdin.flush()
+        reply = _read_line(_worker, timeout)
+        if reply is None:
+            died = _worker.poll() is not None
+            _stop(_worker)
+            if died:
+                raise RuntimeError(f"the serving-env worker died: {Path(_worker.log_path).read_text()[-3000:]}")
+            raise subprocess.TimeoutExpired([str(SERVE_PYTHON), *request["argv"]], timeout)
+        code = json.loads(reply)["returncode"]
+        return subprocess.CompletedProcess([str(SERVE_PYTHON), *request["argv"]], code,
+                                           out.read_text(errors="replace") if out.exists() else "",
+                                           err.read_text(errors="replace") if err.exists() else "")

@@ -24,43 +24,54 @@ SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
 WORKER = Path(__file__).with_name("serving_worker.py")
 STARTUP_TIMEOUT_S = 300.0
 
-_worker: Optional[subprocess.Popen] = None
+class _Worker:
+    """The detached worker: its pipes, its pid (it is no child of ours: see serving_worker.main) and its log."""
+
+    def __init__(self, stdin, stdout, pid: int, log_path: str):
+        self.stdin, self.stdout, self.pid, self.log_path = stdin, stdout, pid, log_path
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def stop(self) -> None:
+        try:
+            os.killpg(os.getpgid(self.pid), signal.SIGKILL)  # the worker and a check still running in its child
+        except ProcessLookupError:
+            pass
 
 
-def _start() -> subprocess.Popen:
+_worker: Optional[_Worker] = None
+
+
+def _start() -> _Worker:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
     # Its own output to a file: a pipe nobody reads would fill with vLLM's import warnings and block it.
     log = open(Path(tempfile.gettempdir()) / f"serving_worker.{os.getpid()}.log", "w")
-    worker = subprocess.Popen([str(SERVE_PYTHON), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=log, text=True, env=env, cwd=REPO, start_new_session=True)
-    worker.log_path = log.name
-    ready = _read_line(worker, STARTUP_TIMEOUT_S)
+    starter = subprocess.Popen([str(SERVE_PYTHON), str(WORKER), "--detach"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=log, text=True, env=env, cwd=REPO, start_new_session=True)
+    starter.wait()  # it forks the worker and exits; the worker keeps the pipes
+    ready = _read_line(starter.stdout, STARTUP_TIMEOUT_S)
     if ready is None or not json.loads(ready).get("ready"):
-        _stop(worker)
         raise RuntimeError(f"the serving-env worker did not start: {Path(log.name).read_text()[-3000:]}")
-    atexit.register(_stop, worker)
+    worker = _Worker(starter.stdin, starter.stdout, json.loads(ready)["pid"], log.name)
+    atexit.register(worker.stop)
     return worker
 
 
-def _read_line(worker: subprocess.Popen, timeout_s: float) -> Optional[str]:
+def _read_line(stream, timeout_s: float) -> Optional[str]:
     selector = selectors.DefaultSelector()
-    selector.register(worker.stdout, selectors.EVENT_READ)
+    selector.register(stream, selectors.EVENT_READ)
     try:
         if not selector.select(timeout_s):
             return None
-        line = worker.stdout.readline()
+        line = stream.readline()
         return line or None
     finally:
         selector.close()
-
-
-def _stop(worker: subprocess.Popen) -> None:
-    if worker.poll() is None:
-        try:
-            os.killpg(worker.pid, signal.SIGKILL)  # the worker and a check still running in its child
-        except ProcessLookupError:
-            pass
-        worker.wait()
 
 
 def serving_run(argv: List[str], cwd, env: Optional[dict] = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
@@ -68,7 +79,7 @@ def serving_run(argv: List[str], cwd, env: Optional[dict] = None, timeout: float
     returns what subprocess.run(..., capture_output=True, text=True) would. Raises TimeoutExpired past
     `timeout` (the worker and its check are killed; the next call starts a new one)."""
     global _worker
-    if _worker is None or _worker.poll() is not None:
+    if _worker is None or not _worker.alive():
         _worker = _start()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
@@ -76,10 +87,10 @@ def serving_run(argv: List[str], cwd, env: Optional[dict] = None, timeout: float
                    "stdout": str(out), "stderr": str(err)}
         _worker.stdin.write(json.dumps(request) + "\n")
         _worker.stdin.flush()
-        reply = _read_line(_worker, timeout)
+        reply = _read_line(_worker.stdout, timeout)
         if reply is None:
-            died = _worker.poll() is not None
-            _stop(_worker)
+            died = not _worker.alive()
+            _worker.stop()
             if died:
                 raise RuntimeError(f"the serving-env worker died: {Path(_worker.log_path).read_text()[-3000:]}")
             raise subprocess.TimeoutExpired([str(SERVE_PYTHON), *request["argv"]], timeout)

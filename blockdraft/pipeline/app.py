@@ -52,6 +52,7 @@ from blockdraft.pipeline.runner import NodeZeroFailed, Stage, run_stages, summar
 from blockdraft.pipeline.serve_prompts import check_serve_prompts
 from blockdraft.pipeline.settings import PipelineSettings, check_settings, keys_help, parse_overrides
 from blockdraft.pipeline.stages import decide_store, pipeline_stages
+from blockdraft.pipeline.train_stage import train_batches
 
 
 def prepare(s: PipelineSettings) -> dict:
@@ -95,7 +96,7 @@ def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> i
     spent = run_stages(before or [], records, s.force, s.root, **waits)
     cfgs = prepare(s)
     use_store, why = decide_store(s, cfgs, records, **waits)
-    stages = pipeline_stages(s, cfgs, use_store, why)
+    stages = pipeline_stages(s, cfgs, use_store, why, records)
     if follower:
         run_stages([st for st in stages if st.name in ("regen", "capture", "train")], records, s.force, s.root, **waits)
         say(f"node {s.node_rank}: training done; node 0 exports and serves")
@@ -116,7 +117,9 @@ def print_config(s: PipelineSettings) -> None:
     from omegaconf import OmegaConf
 
     cfgs = prepare(s)
-    use_store, why = decide_store(s, cfgs, StageRecords(s.root / "stages.json", writer=False))
+    records = StageRecords(s.root / "stages.json", writer=False)
+    use_store, why = decide_store(s, cfgs, records)
+    batch = train_batches(s, cfgs["train"], use_store, records)[0]  # the continued run's, where there is one
     print(f"# feature store: {'yes' if use_store else 'no'} ({why})")
     if s.gate:
         print(f"# --- gate, before the long stages: {' '.join(commands.stage_argv('gate', s, use_store)[1:])}")
@@ -124,7 +127,7 @@ def print_config(s: PipelineSettings) -> None:
         carve = f"regen.num_heldout={cfgs['regen'].num_heldout} carved out by prompt content"
         print(f"# --- regen: given, rows={s.rows} ({cfgs['given'].count} rows), held out: {s.heldout_rows or carve}")
     for stage in ("regen", "capture", "train", "export", "serve")[1 if s.rows else 0:]:
-        print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, use_store)[1:])}")
+        print(f"# --- {stage}: {' '.join(commands.stage_argv(stage, s, use_store, batch.words())[1:])}")
         print(OmegaConf.to_yaml(OmegaConf.structured(cfgs[stage])))
 
 

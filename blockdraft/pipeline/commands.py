@@ -4,7 +4,7 @@ composes every app with its overrides before the first stage starts."""
 from __future__ import annotations
 
 import sys
-from typing import List
+from typing import List, Sequence
 
 from blockdraft.errors import ConfigError
 from blockdraft.pipeline.settings import PipelineSettings
@@ -41,10 +41,11 @@ def capture_overrides(s: PipelineSettings) -> List[str]:
     return [*recipe_overrides(s), *s.capture, f"out={s.paths()['store']}"]
 
 
-def train_overrides(s: PipelineSettings, use_store: bool) -> List[str]:
+def train_overrides(s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) -> List[str]:
+    """`batch`: the train.grad_accum that keeps a continued run's global batch (train_batch.py)."""
     p = s.paths()
     store = [f"data.features={p['store']}"] if use_store else []
-    return [*recipe_overrides(s), *store, f"run_dir={p['run']}", "resume=auto"]
+    return [*recipe_overrides(s), *store, f"run_dir={p['run']}", "resume=auto", *batch]
 
 
 def export_dtype(s: PipelineSettings) -> str:
@@ -77,9 +78,9 @@ def serve_overrides(s: PipelineSettings) -> List[str]:
             f"out={p['report'].parent}", "overwrite=true", *s.serve]
 
 
-def train_argv(s: PipelineSettings, use_store: bool) -> List[str]:
+def train_argv(s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) -> List[str]:
     if s.nproc == 1 and int(s.torchrun.get("nnodes", 1)) == 1:
-        return [python(), "-m", "blockdraft.train", *train_overrides(s, use_store)]
+        return [python(), "-m", "blockdraft.train", *train_overrides(s, use_store, batch)]
     nnodes = int(s.torchrun.get("nnodes", 1))
     launch = [f"--nproc_per_node={s.nproc}"]
     if nnodes == 1:
@@ -87,14 +88,15 @@ def train_argv(s: PipelineSettings, use_store: bool) -> List[str]:
     else:
         launch += [f"--nnodes={nnodes}", f"--node_rank={s.node_rank}", "--rdzv_backend=c10d",
                    f"--rdzv_endpoint={s.torchrun['rdzv_endpoint']}"]
-    return [python(), "-m", "torch.distributed.run", *launch, "-m", "blockdraft.train", *train_overrides(s, use_store)]
+    return [python(), "-m", "torch.distributed.run", *launch, "-m", "blockdraft.train", *train_overrides(s, use_store, batch)]
 
 
-def stage_argv(stage: str, s: PipelineSettings, use_store: bool) -> List[str]:
+def stage_argv(stage: str, s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) -> List[str]:
+    """`batch`: training only, the train.grad_accum that keeps a continued run's global batch."""
     return {
         "regen": lambda: [python(), "-m", "blockdraft.regen", *regen_overrides(s)],
         "capture": lambda: [python(), "-m", "blockdraft.data.capture", *capture_overrides(s)],
-        "train": lambda: train_argv(s, use_store),
+        "train": lambda: train_argv(s, use_store, batch),
         "export": lambda: [python(), "-m", "blockdraft.export", *export_overrides(s)],
         "gate": lambda: [python(), "-m", "blockdraft.serve.gate", *gate_words(s)],
         "serve": lambda: [python(), "-m", "blockdraft.serve", *serve_overrides(s)],

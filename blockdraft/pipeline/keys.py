@@ -72,18 +72,34 @@ KIND_ONLY = {"dspark": (*(f"draft.{key}" for key in (*DSPARK_HEAD_KEYS, "dspark_
                         "train.confidence_weight", "train.confidence_target")}
 
 
-def train_inputs(s: PipelineSettings, cfg, use_store: bool) -> dict:
-    """The recipe, the store choice and the world size (the global batch); not the node's rank, the
-    rendezvous address or the interpreter: every node computes the same key."""
+# One rank's share of the global batch: the key holds the global batch instead (rows per optimizer step, what the
+# training's math depends on), so a run continued on more or fewer ranks, grad_accum following, keeps its key.
+PER_RANK = ("train.grad_accum",)
+
+
+def train_inputs(s: PipelineSettings, cfg, use_store: bool, global_batch: int) -> dict:
+    """The recipe, the store choice and the global batch (pipeline/train_batch.py); not the world size, the
+    node's rank, the rendezvous address or the interpreter: every node computes the same key."""
+    return placeheld({"config": without(cfg, train_neutral(cfg, PER_RANK)), "store": use_store,
+                      "global_batch": global_batch}, s)
+
+
+def train_neutral(cfg, more: tuple = ()) -> tuple:
     other_kinds = [key for kind, keys in KIND_ONLY.items() if kind != cfg.draft.kind for key in keys]
-    neutral = (*type(cfg).OUTPUT_NEUTRAL, *type(cfg).EXTENT, *other_kinds)
-    world = s.nproc * int(s.torchrun.get("nnodes", 1))
-    return placeheld({"config": without(cfg, neutral), "store": use_store, "world_size": world}, s)
+    return (*type(cfg).OUTPUT_NEUTRAL, *type(cfg).EXTENT, *other_kinds, *more)
 
 
-def train_resume_inputs(s: PipelineSettings, cfg, use_store: bool) -> dict:
+def former_train_inputs(s: PipelineSettings, cfg, use_store: bool, grad_accum: int, world_size: int) -> dict:
+    """The train key as records made before it held the global batch computed it: the recipe with the grad_accum,
+    and the world size, the run was trained with. A record keyed so is the same training (runner.py)."""
+    config = without(cfg, train_neutral(cfg))
+    config["train"]["grad_accum"] = grad_accum
+    return placeheld({"config": config, "store": use_store, "world_size": world_size}, s)
+
+
+def train_resume_inputs(s: PipelineSettings, cfg, use_store: bool, global_batch: int) -> dict:
     """train_inputs less what a stopped run may continue under (optim.lr, optim.grad_clip)."""
-    inputs = train_inputs(s, cfg, use_store)
+    inputs = train_inputs(s, cfg, use_store, global_batch)
     for dotted in type(cfg).RESUMABLE:
         section, leaf = dotted.split(".")
         inputs["config"][section].pop(leaf, None)

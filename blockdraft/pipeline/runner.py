@@ -41,7 +41,17 @@ class Stage:
     """A node of rank > 0 runs it too, beside node 0 (training); other stages it only waits for."""
     resume_inputs: Optional[dict] = None
     """`inputs` less what a run that stopped part way may continue under (training: optim.lr, grad_clip)."""
-
+    former_inputs: Optional[dict] = None
+    """`inputs` as an earlier version of the stage's key held them: a record keyed so is the same making (and
+    keeps its key while cached, so no later stage runs again)."""
+    notes: Optional[dict] = None
+    """More for its record (training: its global batch, which a run continued on another world size keeps)."""
+    changed: Optional[Callable[[dict], str]] = None
+    """What of its settings changed against an earlier record, said when that record's artifact is moved aside
+    ('' when nothing it knows of)."""
+    otherwise: Optional["Stage"] = None
+    """The stage to run instead where this one would not continue its record's making (training: this one keeps
+    the recorded run's global batch on another world size; `otherwise`, a new run, the recipe's)."""
 
     def reached_by(self, record: dict) -> bool:
         """The record's run went as far as this stage asks (always, for a stage without an extent)."""
@@ -69,6 +79,38 @@ class NodeZeroFailed(Exception):
     """A node of rank > 0 cannot go on: node 0 failed, or did not finish within the wait."""
 
 
+@dataclass(frozen=True)
+class Keys:
+    """A stage's keys with the stages before it: its own, the earlier version's (or None), the resume key (or None)."""
+    key: str
+    former: Optional[str] = None
+    resume: Optional[str] = None
+
+    def match(self, record: dict) -> bool:
+        return record.get("key") is not None and record.get("key") in (self.key, self.former)
+
+
+def keys_of(stage: Stage, upstream: dict) -> Keys:
+    return Keys(chain_key(upstream, stage.inputs),
+                chain_key(upstream, stage.former_inputs) if stage.former_inputs is not None else None,
+                chain_key(upstream, stage.resume_inputs) if stage.resume_inputs is not None else None)
+
+
+def resumes(stage: Stage, then: dict, keys: Keys, forced: bool) -> bool:
+    """A stopped run, changed only in what its resume takes from the new config."""
+    return (not forced and keys.resume is not None and not then.get("done") and then.get("resume_key") == keys.resume
+            and stage.present())
+
+
+def choose(stage: Stage, upstream: dict, then: dict, forced: bool) -> tuple:
+    """(the form of the stage that continues its record's making, else its last `otherwise`; its keys)."""
+    while True:
+        keys = keys_of(stage, upstream)
+        if stage.otherwise is None or (not forced and keys.match(then)) or resumes(stage, then, keys, forced):
+            return stage, keys
+        stage = stage.otherwise
+
+
 def run_stages(stages: List[Stage], records: StageRecords, force: List[str], out: Optional[Path] = None,
                follower: bool = False, poll_s: float = 10.0, wait_s: float = 86400.0) -> Dict[str, float]:
     """Each stage in order; returns seconds per stage run here."""
@@ -80,13 +122,13 @@ def run_stages(stages: List[Stage], records: StageRecords, force: List[str], out
             upstream[stage.name] = {"skipped": True}
             say(f"{stage.name}: not run ({stage.skip_reason})")
             continue
-        key = chain_key(upstream, stage.inputs)
         if follower:
-            record = follow(stage, key, records, began, poll_s, wait_s, spent)
+            record = follow(stage, upstream, records, began, poll_s, wait_s, spent)
         else:
-            resume_key = chain_key(upstream, stage.resume_inputs) if stage.resume_inputs is not None else None
-            record = lead(stage, key, records, force, out, spent, resume_key)
-        upstream[stage.name] = {"key": key, "made": record.get("made")}
+            stage, keys = choose(stage, upstream, records.get(stage.name), stage.name in force)
+            record = lead(stage, keys, records, force, out, spent)
+        # A record cached under the earlier version of its key keeps that key: the later stages' keys hold it.
+        upstream[stage.name] = {"key": record.get("key"), "made": record.get("made")}
     return spent
 
 
@@ -107,14 +149,13 @@ def chain_key(upstream: dict, inputs: dict) -> str:
     return stage_key({"before": upstream, "inputs": inputs})
 
 
-def lead(stage: Stage, key: str, records: StageRecords, force: List[str], out: Optional[Path],
-         spent: Dict[str, float], resume_key: Optional[str] = None) -> dict:
+def lead(stage: Stage, keys: Keys, records: StageRecords, force: List[str], out: Optional[Path],
+         spent: Dict[str, float]) -> dict:
     then = records.get(stage.name)
     forced = stage.name in force
-    same = then.get("key") == key
-    if (not same and not forced and resume_key is not None and not then.get("done")
-            and then.get("resume_key") == resume_key and stage.present()):
-        same = True  # a stopped run, changed only in what its resume takes from the new config
+    same = keys.match(then)
+    if not same and resumes(stage, then, keys, forced):
+        same = True
         say(f"{stage.name}: the run stopped part way; it continues from its last checkpoint under the changed "
             "settings (a finished run changed in them would be a new run)")
     if not forced and same and then.get("done") and stage.present():
@@ -131,13 +172,13 @@ def lead(stage: Stage, key: str, records: StageRecords, force: List[str], out: O
             f"{describe_extent(reached)}: continuing it from its last checkpoint")
     elif stage.moves is not None and stage.moves.exists() and (forced or not same):
         why = (f"force=[{stage.name}]" if forced else "no record says what made what is there" if not then
-               else "its settings changed" if then.get("inputs_key") != stage_key(stage.inputs)
+               else settings_changed(stage, then) if then.get("inputs_key") not in own_keys(stage)
                else "a stage before it made its output again")
         move_aside(out, stage.name, stage.moves, then, why, say)
     print(f"\n[pipeline] === {stage.name} ===", flush=True)
     began = time.perf_counter()
-    marks = dict(extent=stage.extent, resume_key=resume_key, inputs_key=stage_key(stage.inputs))
-    records.mark(stage.name, key, done=False, **marks)
+    marks = dict(extent=stage.extent, resume_key=keys.resume, inputs_key=stage_key(stage.inputs), **(stage.notes or {}))
+    records.mark(stage.name, keys.key, done=False, **marks)
     try:
         done = stage.run()
     except StageFailed as err:
@@ -147,20 +188,31 @@ def lead(stage: Stage, key: str, records: StageRecords, force: List[str], out: O
         records.fail(stage.name, "interrupted")
         raise
     spent[stage.name] = time.perf_counter() - began
-    records.mark(stage.name, key, done=done, seconds=spent[stage.name], **marks)
+    records.mark(stage.name, keys.key, done=done, seconds=spent[stage.name], **marks)
     say(f"{stage.name}: done in {spent[stage.name]:.0f} s")
     return records.get(stage.name)
 
 
-def follow(stage: Stage, key: str, records: StageRecords, began: float, poll_s: float, wait_s: float,
+def own_keys(stage: Stage) -> tuple:
+    """The stage's own inputs' hashes, as its key holds them now and held them before."""
+    return tuple(stage_key(inputs) for inputs in (stage.inputs, stage.former_inputs) if inputs is not None)
+
+
+def settings_changed(stage: Stage, then: dict) -> str:
+    detail = stage.changed(then) if stage.changed is not None else ""
+    return f"its settings changed ({detail})" if detail else "its settings changed"
+
+
+def follow(stage: Stage, upstream: dict, records: StageRecords, began: float, poll_s: float, wait_s: float,
            spent: Dict[str, float]) -> dict:
     """Node 0's record of this stage, once it finished; a joined stage (training) is run here as soon as
-    node 0 has started it. A failure node 0 recorded after this node started ends the wait; one from
-    before is an earlier attempt, which a rerun of node 0 replaces."""
+    node 0 has started it, in the form node 0 chose (`otherwise`). A failure node 0 recorded after this node
+    started ends the wait; one from before is an earlier attempt, which a rerun of node 0 replaces."""
     deadline, said = time.monotonic() + wait_s, 0.0
     while True:
         record = records.reload().get(stage.name)
-        ours = record.get("key") == key
+        form, keys = choose(stage, upstream, record, False)
+        ours = keys.match(record)
         if ours and record.get("done") and stage.reached_by(record):
             if stage.joined:
                 say(f"{stage.name}: cached (node 0's record: finished {record['at']}); skipped")
@@ -171,7 +223,7 @@ def follow(stage: Stage, key: str, records: StageRecords, began: float, poll_s: 
         if stage.joined and ours and not record.get("done") and not record.get("failed"):
             print(f"\n[pipeline] === {stage.name} (joining node 0) ===", flush=True)
             started = time.perf_counter()
-            stage.run()
+            form.run()
             spent[stage.name] = time.perf_counter() - started
             return record
         if time.monotonic() > deadline:

@@ -7,13 +7,14 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from blockdraft.pipeline import commands, keys
 from blockdraft.pipeline.process import StageFailed, command_stage, run_command, say
 from blockdraft.pipeline.records import StageRecords
 from blockdraft.pipeline.runner import NodeZeroFailed, Stage
 from blockdraft.pipeline.settings import PipelineSettings
+from blockdraft.pipeline.train_stage import train_stage
 
 
 def use_feature_store(s: PipelineSettings, cfgs: dict) -> tuple:
@@ -84,19 +85,13 @@ def free_bytes(out: Path) -> float:
     return float(shutil.disk_usage(existing).free)
 
 
-def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str) -> List[Stage]:
+def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str,
+                    records: Optional[StageRecords] = None) -> List[Stage]:
+    """`records`: the train stage continues a recorded run with its global batch (train_stage.py); a refusal
+    that it cannot is raised here, before any stage runs."""
     from blockdraft.models.target_fingerprint import target_fingerprint
-    from blockdraft.train.checkpoint import complete_checkpoints
 
     p = s.paths()
-    train_argv = commands.stage_argv("train", s, use_store)
-
-    def train() -> bool:
-        argv = list(train_argv)
-        if not complete_checkpoints(p["run"]):
-            argv.append("overwrite=true")  # a run killed before its first checkpoint has nothing to resume
-        return command_stage("train", argv, "fix what it says, then rerun the same command (with a lower optim.lr or "
-                             "optim.grad_clip set, where it says so): a stopped run resumes from its last checkpoint")()
 
     def serve() -> bool:
         p["report"].unlink(missing_ok=True)  # a report left from an earlier run must not pass for this one
@@ -117,10 +112,7 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str) 
               command_stage("capture", commands.stage_argv("capture", s, use_store), "rerun: it resumes at the first unfinished shard"),
               lambda: (p["store"] / "index.json").is_file(), p["store"], moves=p["store"],
               skip_reason=None if use_store else why),
-        Stage("train", keys.train_inputs(s, cfgs["train"], use_store), train,
-              lambda: bool(complete_checkpoints(p["run"])), p["run"], moves=p["run"],
-              extent=keys.train_extent(cfgs["train"]), joined=True,
-              resume_inputs=keys.train_resume_inputs(s, cfgs["train"], use_store)),
+        train_stage(s, cfgs["train"], use_store, records),
         Stage("export", keys.export_inputs(s, cfgs["export"]),
               command_stage("export", commands.stage_argv("export", s, use_store), "see the export's message above"),
               lambda: (p["export"] / "config.json").is_file(), p["export"], moves=p["export"]),

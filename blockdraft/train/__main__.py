@@ -27,8 +27,10 @@ def main(cfg) -> None:
     from blockdraft.train.loop import run_training
     from blockdraft.train.stops import NonFiniteSteps, Preempted
 
+    from hydra.core.hydra_config import HydraConfig
+
     try:
-        run_dir = run_training(cfg)
+        run_dir = run_training(cfg, HydraConfig.get().overrides.task)
     except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

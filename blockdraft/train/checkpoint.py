@@ -110,6 +110,21 @@ def load_trainer_state(checkpoint: Path) -> dict:
             "another checkpoint (resume=<its checkpoints/step_<N> directory>) or start a new run_dir.") from None
 
 
+def checkpoint_batch(checkpoint: Path, state: Optional[dict] = None):
+    """The global batch's split a checkpoint was trained with: its config's micro_batch_size and grad_accum, its
+    trainer state's world size. Without `state` (already loaded) the state is mapped, not read: an optimizer's
+    state can be gigabytes."""
+    from omegaconf import OmegaConf
+
+    from blockdraft.train.global_batch import Batch
+
+    if state is None:
+        state = torch.load(checkpoint / TRAINER_STATE, map_location="cpu", weights_only=True, mmap=True)
+    saved = OmegaConf.load(checkpoint / "config.yaml")
+    return Batch(int(OmegaConf.select(saved, "train.micro_batch_size", default=1)),
+                 int(OmegaConf.select(saved, "train.grad_accum", default=1)), int(state.get("world_size", 1)))
+
+
 # The draft's identity: resuming with any of these changed would silently train another model.
 IDENTITY_KEYS = (
     "kind", "mask_token_id", "target_layer_ids", "block_size", "hidden_size", "intermediate_size",

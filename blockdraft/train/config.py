@@ -26,7 +26,9 @@ class LoopConfig:
     micro_batch_size: int = 1
     """Rows per rank per forward."""
     grad_accum: int = 1
-    """Micro-batches per optimizer step."""
+    """Micro-batches per rank per optimizer step (the global batch is micro_batch_size x grad_accum x ranks). A resume
+    on another world size keeps the checkpoint's global batch and sets this to match, unless it is given on the
+    command line."""
     num_anchors: int = 64
     """Blocks drawn per row."""
     loss_type: str = "block"

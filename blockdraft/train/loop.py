@@ -7,6 +7,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -22,6 +23,7 @@ from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split, load_store_split, open_training_store
 from blockdraft.train.draft_vocab import choose_draft_vocab
+from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
@@ -35,14 +37,15 @@ from blockdraft.train.training_prompts import run_record, write_run_record
 from blockdraft.train.target_sharding import shard_target
 
 
-def run_training(cfg) -> Path:
-    """Entry used by `python -m blockdraft.train` and by tests with a composed config."""
+def run_training(cfg, overrides: Sequence[str] = ()) -> Path:
+    """Entry used by `python -m blockdraft.train` and by tests with a composed config; `overrides`: the command
+    line's words (a train.grad_accum given there is used as given on a resume, global_batch.py)."""
     schema: TrainAppConfig = OmegaConf.to_object(cfg)
     check_config(schema)
     dist = init_distributed()
     lock = RunLock(schema.run_dir).acquire() if dist.is_main else None
     try:
-        return Trainer(schema, config_yaml(cfg), dist).fit()
+        return Trainer(schema, config_yaml(cfg), dist, given_on_command_line(overrides)).fit()
     finally:
         if lock is not None:
             lock.release()
@@ -80,7 +83,7 @@ def _load_tokenizer(path: str):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainAppConfig, cfg_yaml: str, dist: DistInfo):
+    def __init__(self, cfg: TrainAppConfig, cfg_yaml: str, dist: DistInfo, grad_accum_given: bool = False):
         self.cfg, self.cfg_yaml, self.dist = cfg, cfg_yaml, dist
         self.run_dir = Path(cfg.run_dir)
         self.device = dist.device
@@ -88,6 +91,9 @@ class Trainer:
         self.dtype = resolve_dtype(cfg.train.dtype, self.device)
         self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
         self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume)  # fails before any loading
+        self.saved_state = ckpt.load_trainer_state(self.resume_from) if self.resume_from is not None else None
+        if self.saved_state is not None:
+            self._keep_global_batch(grad_accum_given)
         if self.resume_from is None and dist.is_main:
             claim_run_dir(self.run_dir, cfg.overwrite, cfg.resume)
         self.stop_requested = False
@@ -185,6 +191,17 @@ class Trainer:
             ckpt.save_checkpoint(self.run_dir, self.step, self.draft, self._trainer_state(), self.cfg_yaml, self.cfg.train.keep_last)
         barrier()
 
+    def _keep_global_batch(self, given: bool) -> None:
+        """On another world size (or micro_batch_size) the run keeps its checkpoint's global batch, grad_accum
+        following, unless train.grad_accum was given (global_batch.py); the config it saves says what it ran."""
+        t, saved = self.cfg.train, ckpt.checkpoint_batch(self.resume_from, self.saved_state)
+        accum, line = resumed_grad_accum(saved, t.micro_batch_size, t.grad_accum, self.dist.world_size, given, self.resume_from)
+        if accum != t.grad_accum:
+            t.grad_accum = accum
+            self.cfg_yaml = OmegaConf.to_yaml(OmegaConf.merge(OmegaConf.create(self.cfg_yaml), {"train": {"grad_accum": accum}}))
+        if line and self.dist.is_main:
+            print(line, flush=True)
+
     def _restore(self, path: Path) -> None:
         saved_cfg = OmegaConf.load(path / "config.yaml")
         ckpt.check_resume_compatible(path, self.draft_cfg, self.cfg.target.path, OmegaConf.select(saved_cfg, "target.path"))
@@ -195,9 +212,9 @@ class Trainer:
         from blockdraft.models.io import load_draft
 
         self.draft.load_state_dict(load_draft(path).state_dict())
-        # Onto the CPU first: a checkpoint written on a GPU resumes on a CPU-only machine too (the
-        # optimizer moves its state to the parameters' device; the RNG state must be a CPU tensor).
-        state = ckpt.load_trainer_state(path)
+        # Loaded onto the CPU (load_trainer_state): a checkpoint written on a GPU resumes on a CPU-only machine too
+        # (the optimizer moves its state to the parameters' device; the RNG state must be a CPU tensor).
+        state, self.saved_state = self.saved_state, None
         wanted_lrs = list(self.scheduler.base_lrs)  # this run's optim.lr (and muon_lr), before the saved ones
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -1,7 +1,8 @@
 """Rerun a finished pipeline as a user would, with one kind of change at a time; nothing finished may be
 lost. A throughput or logging knob keeps every stage (the store and the checkpoints byte for byte); more
 steps continue the run; a new recipe, force= or new target weights run the stages again with what they
-replace kept under <out>/superseded/; two nodes killed part way and rerun keep their training.
+replace kept under <out>/superseded/; two nodes killed part way and rerun keep their training, which one
+node then continues with the same global batch.
 
 The tiny Qwen3 target, served by the reference engine (the vLLM pipeline is tests/integration/test_pipeline.py):
 what is measured here is what a rerun keeps, not what serving computes.
@@ -332,4 +333,22 @@ def test_two_nodes_killed_and_rerun_keep_their_training(tmp_path, record):
            "checkpoints step_10, step_20 kept; both nodes resumed from step_20 to step 30; the last rerun found the "
            "training cached on both (checkpoints byte-identical) and node 0 exported and served", problems, resumed,
            "the same command on each node")
-    assert not problems, "\n".join(problems)
+    # 4: a node lost: node 0 alone, with train.max_steps raised, continues the 2-rank run at its global batch.
+    began, alone = time.monotonic(), tmp_path / "alone-0.log"
+    code = start(target, out, "train.max_steps=40", log=alone).wait(WAIT_S)
+    text, moved = alone.read_text(errors="replace"), [name for name in superseded(out) if name.startswith("train-")]
+    lost = [] if code == 0 else [f"the rerun on one node exited {code}: {text[-1500:]}"]
+    if "step_30 at step 30" not in text:
+        lost.append("the run on one node did not resume from step_30")
+    if "[train] world size 2 -> 1: grad_accum 1 -> 2 keeps the global batch of 8 rows per step" not in text:
+        lost.append("the run on one node did not keep (or say) its global batch")
+    after = snapshot(out / "run" / "checkpoints")
+    if moved or any(after.get(k) != v for k, v in trained.items()):
+        lost.append(f"the 2-rank run was moved aside ({moved}) or a kept checkpoint changed")
+    if "step_40/model.safetensors" not in after:
+        lost.append("no step_40 checkpoint")
+    record("the 2-node run continued on 1 node with a larger train.max_steps (30 -> 40)",
+           "training resumed from step_30 on one rank with grad_accum 2, the global batch of 8 rows kept and said; "
+           "its checkpoints kept, none moved aside", lost, time.monotonic() - began,
+           "the same command without train.nnodes, train.max_steps raised")
+    assert not problems + lost, "\n".join(problems + lost)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from blockdraft.pipeline.records import StageRecords
+from blockdraft.pipeline.records import StageRecords, stage_key
 from blockdraft.pipeline.runner import NodeZeroFailed, Stage, run_stages
 
 
@@ -109,6 +109,33 @@ def test_a_stopped_run_continues_under_a_resumable_change_and_a_finished_one_is_
     again = Stand(tmp_path, "train", resume_inputs={"n": "same"}, lr=0.1)  # the run above finished
     run_stages([again.stage], StageRecords(tmp_path / "stages.json"), [], tmp_path)
     assert again.runs == 1 and superseded(tmp_path) == ["train"]
+
+
+def test_a_record_under_an_earlier_version_of_a_key_is_cached_and_so_is_every_later_stage(tmp_path, capsys):
+    go(tmp_path, [Stand(tmp_path, "train", world_size=2), Stand(tmp_path, "export")])
+    train, export = Stand(tmp_path, "train", global_batch=8), Stand(tmp_path, "export")
+    train.stage.former_inputs = {"world_size": 2}  # what the same training's key held before
+    assert go(tmp_path, [train, export]) == {} and (train.runs, export.runs) == (0, 0) and superseded(tmp_path) == []
+    longer = Stand(tmp_path, "train", extent=20, global_batch=8)
+    longer.stage.former_inputs = {"world_size": 2}
+    go(tmp_path, [longer])  # continued: its record now holds the key as it is
+    assert longer.runs == 1 and superseded(tmp_path) == []
+    assert StageRecords(tmp_path / "stages.json").get("train")["inputs_key"] == stage_key({"global_batch": 8})
+    assert capsys.readouterr().out.count(": cached (") == 2
+
+
+def test_a_stage_continues_its_record_in_the_form_that_matches_it_and_runs_anew_in_the_other(tmp_path, capsys):
+    go(tmp_path, [Stand(tmp_path, "train", rows=8)])
+    new = Stand(tmp_path, "train", rows=4)
+    kept = Stand(tmp_path, "train", rows=8)
+    kept.stage.otherwise = new.stage
+    assert go(tmp_path, [kept]) == {} and (kept.runs, new.runs) == (0, 0)
+    kept = Stand(tmp_path, "train", rows=8, lr=1)  # another recipe: the kept form matches no record
+    kept.stage.otherwise = new.stage
+    kept.stage.changed = new.stage.changed = lambda then: "the global batch"
+    go(tmp_path, [kept])
+    assert (kept.runs, new.runs) == (0, 1) and superseded(tmp_path) == ["train"]
+    assert "train: its settings changed (the global batch); the earlier train/" in capsys.readouterr().out
 
 
 def test_a_failed_stage_is_recorded_with_its_reason(tmp_path):

@@ -28,6 +28,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from blockdraft.data.chat_turns import asks, user_turns
 from blockdraft.errors import DataError
 
 RECORD_NAME = "training_prompts.bin"
@@ -40,15 +41,10 @@ FIX = f"copy {RECORD_NAME} again from the run directory it came from, or export 
 
 
 def prompt_opening(messages: Sequence[dict]) -> List[dict]:
-    """The messages before the first assistant turn, as {role, content}; [] when they ask nothing.
-    The same rule as regen's first turn (blockdraft.regen.turns.turn_inputs(messages, 1)[0])."""
-    opening = []
-    for message in messages:
-        if message["role"] == "assistant":
-            break
-        opening.append({"role": message["role"], "content": message["content"]})
-    asks = any(m["role"] == "user" and m["content"].strip() for m in opening)
-    return opening if asks else []
+    """The messages before the first assistant turn, as {role, content}; [] when they ask nothing: the
+    first turn regen answers (blockdraft.regen.turns.turn_inputs), by the same rule (data/chat_turns.py)."""
+    opening = user_turns(messages)[0]
+    return opening if asks(opening) else []
 
 
 def prompt_hash(messages: Sequence[dict]) -> int:

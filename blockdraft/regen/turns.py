@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
+from blockdraft.data.chat_turns import asks, user_turns
+
 
 @dataclass
 class Reply:
@@ -21,17 +23,11 @@ def turn_inputs(messages: Sequence[dict], max_turns: int) -> List[List[dict]]:
     assistant turn (the first one with any leading system message), at most `max_turns` of
     them. The original assistant turns are dropped: the target writes its own. A turn with no
     user question (a conversation opening with the assistant, two replies in a row) ends it."""
-    segments: List[List[dict]] = [[]]
-    for message in messages:
-        if message["role"] == "assistant":
-            segments.append([])
-            continue
-        segments[-1].append({"role": message["role"], "content": message["content"]})
     answerable = []
-    for segment in segments:
-        if not any(m["role"] == "user" and m["content"].strip() for m in segment):
+    for turn in user_turns(messages):
+        if not asks(turn):
             break  # a turn without a question ends the conversation
-        answerable.append(segment)
+        answerable.append(turn)
     return answerable[:max_turns]
 
 

@@ -157,15 +157,11 @@ class DraftModelConfig:
 
     @property
     def num_speculative_tokens(self) -> int:
-        """The tokens one round drafts. DSpark with sample_from_anchor predicts from every slot, anchor
-        included (vLLM's DSpark speculator: N query slots, N drafts); every other layout drafts from the
-        MASK slots only (1 + N query slots)."""
-        return self.block_size if self.anchor_predicts else self.block_size - 1
+        return drafted_per_round(self.kind, self.block_size, self.sample_from_anchor)
 
     @property
     def anchor_predicts(self) -> bool:
-        """Slot q's output predicts the token after it (DSpark's sample_from_anchor layout), not its own."""
-        return self.kind == "dspark" and self.sample_from_anchor
+        return anchor_predicts(self.kind, self.sample_from_anchor)
 
     @property
     def is_causal(self) -> bool:
@@ -233,3 +229,15 @@ def default_layer_ids(num_target_layers: int, n: int) -> List[int]:
     if n == 1:
         return [max(0, min(1, num_target_layers - 2))]
     return [round(1 + i * (num_target_layers - 4) / (n - 1)) for i in range(n)]
+
+
+def anchor_predicts(kind: str, sample_from_anchor: bool) -> bool:
+    """Slot q's output predicts the token after it (DSpark's sample_from_anchor layout), not its own."""
+    return kind == "dspark" and bool(sample_from_anchor)
+
+
+def drafted_per_round(kind: str, block_size: int, sample_from_anchor: bool = True) -> int:
+    """The tokens one round drafts. DSpark with sample_from_anchor predicts from every slot, anchor
+    included (vLLM's DSpark speculator: N query slots, N drafts); every other layout drafts from the
+    MASK slots only (1 + N query slots)."""
+    return int(block_size) if anchor_predicts(kind, sample_from_anchor) else int(block_size) - 1

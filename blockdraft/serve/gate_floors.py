@@ -19,8 +19,9 @@ from typing import Optional, Sequence
 def drafted_tokens(draft) -> int:
     """Tokens one round drafts, for the `draft` config group (DraftModelConfig.num_speculative_tokens):
     block_size, for a DSpark draft whose anchor predicts; block_size - 1 otherwise."""
-    anchor_predicts = draft.kind == "dspark" and getattr(draft, "sample_from_anchor", True)
-    return int(draft.block_size) if anchor_predicts else int(draft.block_size) - 1
+    from blockdraft.models.draft_config import drafted_per_round
+
+    return drafted_per_round(draft.kind, draft.block_size, draft.sample_from_anchor)
 
 
 def training_ceiling(loss_mask: Sequence[bool], drafted: int) -> Optional[float]:

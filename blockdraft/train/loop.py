@@ -34,7 +34,7 @@ from blockdraft.train.step import train_step
 from blockdraft.train.stops import NonFiniteSteps, Preempted
 from blockdraft.train.time_budget import TimeBudget
 from blockdraft.train.training_prompts import run_record, write_run_record
-from blockdraft.train.target_sharding import shard_target
+from blockdraft.train.parallelize import parallelize_draft, shard_target
 
 
 def run_training(cfg, overrides: Sequence[str] = ()) -> Path:
@@ -140,7 +140,7 @@ class Trainer:
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.model = self._wrap(self.draft)
+        self.model = parallelize_draft(self.draft, self.dist)
 
     def _datasets(self, store):
         cfg, b = self.cfg, self.draft_cfg.block_size
@@ -165,14 +165,6 @@ class Trainer:
             if self.dist.is_main:
                 print(f"[init] from the target: {', '.join(copied)}", flush=True)
         return draft
-
-    def _wrap(self, draft):
-        if not self.dist.enabled:
-            return draft
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DDP(draft, device_ids=ids)
 
     # --- checkpoints --------------------------------------------------------------------
     def _trainer_state(self) -> dict:

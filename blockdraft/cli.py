@@ -17,7 +17,7 @@ from typing import List, Optional
 COMMANDS = {
     "pipeline": ("blockdraft.pipeline", "regen -> capture -> train -> export -> gate -> serve, each stage cached"),
     "regen": ("blockdraft.regen", "the target answers prompts: the training and held-out rows"),
-    "capture": ("blockdraft.data.capture", "the target's features of the rows, once: a feature store"),
+    "capture": ("blockdraft.capture", "the target's features of the rows, once: a feature store"),
     "train": ("blockdraft.train", "train a draft (a recipe: experiment=<name>; key=value overrides)"),
     "export": ("blockdraft.export", "a checkpoint as a vLLM draft directory, reloaded and checked"),
     "inspect": ("blockdraft.export", "what an exported draft holds and what vLLM will read (blockdraft inspect <dir>)"),

@@ -35,12 +35,17 @@ class DataConfig:
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra chat template variables, e.g. `{enable_thinking: false}`; use what serving will use."""
     cache_dir: Optional[str] = None
-    """Where tokenised rows are cached; null means $BLOCKDRAFT_CACHE, else ~/.cache/blockdraft/tokenized."""
+    """Where tokenised rows are kept, as one memory-mapped token file per dataset that every rank maps; null
+    means $BLOCKDRAFT_CACHE, else ~/.cache/blockdraft/tokenized. Give every node the same folder (the pipeline
+    uses <out>/tokenized) so the rows are tokenised once, not once per node."""
+    tokenize_workers: Optional[int] = None
+    """Processes that tokenise rows into the token file, in order; null means min(8, the CPUs this process may
+    use), 1 tokenises in the process itself."""
     max_rows: Optional[int] = None
     """Train on the first N training rows of each file (after rows set aside, and after packing): the rows
     a feature store of the file holds first, so a run reads the same rows online and from a store."""
     features: Optional[str] = None
-    """A feature store (`python -m blockdraft.data.capture ... out=<dir>`) to train from instead of
+    """A feature store (`python -m blockdraft.capture ... out=<dir>`) to train from instead of
     running the target: its rows and target features replace data.train / data.val."""
 
     def resolved_cache_dir(self) -> Path:
@@ -73,6 +78,10 @@ class DataConfig:
                 "pick `truncate` to keep the head of a long conversation or `drop` to skip it"
             )
         self.check_max_rows()
+        if self.tokenize_workers is not None and (not isinstance(self.tokenize_workers, int) or self.tokenize_workers < 1):
+            raise ConfigError(
+                f"data.tokenize_workers={self.tokenize_workers!r} must be 1 or more; set null for min(8, the CPUs)"
+            )
         if not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(
                 f"data.chat_template_kwargs={self.chat_template_kwargs!r} is not a mapping; "

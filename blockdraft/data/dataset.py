@@ -1,9 +1,10 @@
 """Chat rows -> a map-style dataset of token ids and loss masks, cached on disk, and its collate.
 
-Tokenisation runs once per (rows, tokenizer, settings): the result is cached under a hash
-of the rows' content, the tokenizer (vocabulary, merges, chat template) and the settings
-that change the ids. Packing only lays cached conversations out into rows, so it is
-applied after the cache and does not invalidate it.
+Tokenisation runs once per (rows, tokenizer, settings): the result is a memory-mapped token file
+(blockdraft/data/token_file.py) under a hash of the rows' content, the tokenizer (vocabulary, merges,
+chat template) and the settings that change the ids. Rows stream through several processes straight
+into that file (blockdraft/data/tokenize_stream.py); every reader maps it, none loads it. Packing only
+lays cached conversations out into rows, so it is applied after the cache and does not invalidate it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -20,24 +20,26 @@ import torch
 from torch.utils.data import Dataset
 
 from blockdraft.data.config import DataConfig, as_data_config
-from blockdraft.data.prompt_record import prompt_hash
-from blockdraft.data.rows import RejectReport, iter_rows, new_report, parsed_source
+from blockdraft.data.rows import RejectReport, new_report, parsed_source
 from blockdraft.data.sources import load_rows
-from blockdraft.data.tokenize import RowRejected, chat_template_of, tokenize_row
+from blockdraft.data.token_file import TokenFileWriter, map_arrays, read_manifest
+from blockdraft.data.tokenize import RowRejected, chat_template_of
+from blockdraft.data.tokenize_stream import stopped_at, tokenised_rows
 from blockdraft.errors import DataError
 
 log = logging.getLogger(__name__)
 
 # Bump when the cached layout or the tokenisation rules change, so old entries are ignored.
 # 2: data.max_rows counts training rows (after rejects and packing), as a feature store does; 3: each
-# conversation's prompt hash, for the record of training prompts
-CACHE_FORMAT = 3
+# conversation's prompt hash, for the record of training prompts; 4: a memory-mapped token file, not one .pt
+CACHE_FORMAT = 4
 
 
 @dataclass
 class Documents:
     """Tokenised conversations laid end to end; conversation d is tokens[starts[d]:starts[d+1]]."""
 
+    # Read from a token file, each is a private map of its array (token_file.py): rows are read on demand.
     tokens: torch.Tensor  # (total,) int32
     loss_mask: torch.Tensor  # (total,) bool
     starts: torch.Tensor  # (D + 1,) int64
@@ -103,11 +105,26 @@ class TokenizedDataset(Dataset):
 
     def reply_tokens(self) -> torch.Tensor:
         """Every supervised token id (for the draft vocabulary)."""
-        return self.documents.tokens[self.documents.loss_mask].long()
+        return torch.cat([torch.zeros(0, dtype=torch.int32), *self.reply_token_blocks()]).long()
 
-    def reply_end_tokens(self) -> torch.Tensor:
-        """The last supervised token of every reply (end-of-turn tokens)."""
-        return reply_ends(self.documents.tokens.long(), self.documents.loss_mask)
+    def reply_token_blocks(self, block: int = 1 << 24):
+        """The supervised token ids, `block` tokens of the file at a time: a rank counting them over a
+        million rows holds one block, not a copy of the token file."""
+        tokens, mask = self.documents.tokens, self.documents.loss_mask
+        for a in range(0, len(tokens), block):
+            yield tokens[a:a + block][mask[a:a + block]]
+
+    def reply_end_tokens(self, block: int = 1 << 24) -> torch.Tensor:
+        """The last supervised token of every reply (end-of-turn tokens), `block` tokens at a time."""
+        tokens, mask, total = self.documents.tokens, self.documents.loss_mask, len(self.documents.tokens)
+        ends = [torch.zeros(0, dtype=torch.long)]
+        for a in range(0, total, block):
+            b = min(a + block, total)
+            following = mask[a + 1:b + 1]  # one past the block: a reply may end on its last token
+            if b == total:
+                following = torch.cat([following, mask.new_zeros(1)])
+            ends.append(tokens[a:b][mask[a:b] & ~following].long())
+        return torch.cat(ends)
 
     def source_lines(self, index: int) -> list[int]:
         """Source lines of the conversations in row `index`, to trace a row back to the file."""
@@ -187,26 +204,32 @@ def collate(
 
 
 def prepare_dataset(
-    path_or_rows: Any, tokenizer: Any, cfg: DataConfig | Mapping[str, Any]
+    path_or_rows: Any, tokenizer: Any, cfg: DataConfig | Mapping[str, Any], key: Optional[str] = None
 ) -> tuple[TokenizedDataset, RejectReport]:
     """Tokenise rows (a JSONL path, a `save_to_disk` folder, a `datasets.Dataset` or a list of
-    dicts), or load them from the cache; report what was set aside.
+    dicts) into the token file, or map the one there is; report what was set aside.
 
-    Raises `DataError` when no row is left, or with `cfg.strict` at the first unreadable row.
+    `key`: the cache key when the caller has it (`dataset_key`; ranks get rank 0's), so the rows are not
+    hashed again. Raises `DataError` when no row is left, or with `cfg.strict` at the first unreadable row.
     """
     cfg = as_data_config(cfg)
     cfg.validate(require_train=False)
     chat_template_of(tokenizer)  # refuse a template-less tokenizer before reading anything
     source = _as_source(path_or_rows)
-    cache_file = cfg.resolved_cache_dir() / f"{cache_key(source, tokenizer, cfg)}.pt"
-    cached = _load_cache(cache_file)
-    if cached is not None:
-        documents, report = cached
-        report.source = new_report(source).source  # the same rows may sit at another path now
-        log.info("tokenised rows loaded from cache %s", cache_file)
+    key = key or cache_key(source, tokenizer, cfg)
+    folder = cfg.resolved_cache_dir() / key
+    manifest = read_manifest(folder, key, CACHE_FORMAT)
+    if manifest is not None:
+        log.info("tokenised rows mapped from %s", folder)
     else:
-        documents, report = tokenize_rows(source, tokenizer, cfg)
-        _save_cache(cache_file, documents, report)
+        _write_token_file(folder, key, source, tokenizer, cfg)
+        manifest = read_manifest(folder, key, CACHE_FORMAT)
+        if manifest is None:
+            raise DataError(f"the token file just written at {folder} cannot be read back (its folder was changed "
+                            "meanwhile); check that nothing else writes under data.cache_dir and run again")
+    documents = Documents(**map_arrays(folder, manifest))
+    report = RejectReport.from_dict(manifest["report"])
+    report.source = new_report(source).source  # the same rows may sit at another path now
     if report.rows_kept == 0:
         raise DataError(
             f"no usable rows in {report.source}; every row was set aside:\n{report.summary()}\n"
@@ -216,30 +239,69 @@ def prepare_dataset(
     return TokenizedDataset(documents, cfg.seq_length, cfg.packing, cfg.max_rows), report
 
 
-def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documents, RejectReport]:
-    """Every row of `source` through `tokenize_row`, counting what is set aside and why."""
+def dataset_key(path_or_rows: Any, tokenizer: Any, cfg: DataConfig | Mapping[str, Any]) -> str:
+    """The cache key `prepare_dataset` files these rows under (one process computes it, the ranks share it)."""
+    return cache_key(_as_source(path_or_rows), tokenizer, as_data_config(cfg))
+
+
+def _write_token_file(folder: Path, key: str, source: Any, tokenizer: Any, cfg: DataConfig) -> None:
+    writer = TokenFileWriter(folder, key, CACHE_FORMAT)
+    try:
+        report = stream_rows(writer, source, tokenizer, cfg)
+    except BaseException:
+        writer.abandon()  # nothing half-written is left to be read
+        raise
+    writer.commit(report)
+    log.info("tokenised %d rows into %s", report.rows_kept, folder)
+
+
+def stream_rows(sink: Any, source: Any, tokenizer: Any, cfg: DataConfig) -> RejectReport:
+    """Every row of `source` through `tokenize_row` (in `cfg.tokenize_workers` processes), in order, into
+    `sink.add(ids, mask, line, prompt_hash)`, counting what is set aside and why."""
     report = new_report(source)
     report.seq_length = cfg.seq_length
-    ids, masks, lines, prompts = [], [], [], []
     rows = RowCounter(cfg.seq_length, cfg.packing)
-    for row in iter_rows(source, report, strict=cfg.strict):
-        result = tokenize_row(
-            row.messages, tokenizer, cfg.seq_length, cfg.overlong, cfg.chat_template_kwargs
-        )
-        if isinstance(result, RowRejected):
-            report.reject(row.line, result.reason, result.detail)
-            continue
-        if result.truncated:
-            report.truncated.append(row.line)
-        ids.append(result.input_ids)
-        masks.append(result.loss_mask)
-        lines.append(row.line)
-        prompts.append(prompt_hash(row.messages))
-        rows.add(len(result.input_ids))
-        report.rows_kept += 1
-        if cfg.max_rows is not None and rows.closed >= cfg.max_rows:
-            break  # the first max_rows training rows are whole: no later conversation changes them
-    return Documents.from_lists(ids, masks, lines, prompts), report
+    settings = {"seq_length": cfg.seq_length, "overlong": cfg.overlong,
+                "chat_template_kwargs": dict(cfg.chat_template_kwargs)}
+    stream = tokenised_rows(source, report, tokenizer, settings, cfg.strict, cfg.tokenize_workers)
+    try:
+        for row in stream:
+            if isinstance(row.outcome, RowRejected):
+                report.reject(row.line, row.outcome.reason, row.outcome.detail)
+                continue
+            ids, mask, truncated = row.outcome
+            if truncated:
+                report.truncated.append(row.line)
+            sink.add(ids, mask, row.line, row.prompt)
+            rows.add(len(ids))
+            report.rows_kept += 1
+            if cfg.max_rows is not None and rows.closed >= cfg.max_rows:
+                stopped_at(report, row)  # rows the workers read ahead are not part of the data
+                break  # the first max_rows training rows are whole: no later conversation changes them
+    finally:
+        stream.close()
+    return report
+
+
+class _Lists:
+    """A sink that keeps the rows as lists (for `tokenize_rows`)."""
+
+    def __init__(self):
+        self.ids, self.masks, self.lines, self.prompts = [], [], [], []
+
+    def add(self, ids, mask, line: int, prompt: int) -> None:
+        self.ids.append(list(ids))
+        self.masks.append(list(mask))
+        self.lines.append(line)
+        self.prompts.append(prompt)
+
+
+def tokenize_rows(source: Any, tokenizer: Any, cfg: DataConfig) -> tuple[Documents, RejectReport]:
+    """Every row of `source` tokenised into memory, with the report: for small row sets and tests
+    (`prepare_dataset` streams into the token file instead)."""
+    sink = _Lists()
+    report = stream_rows(sink, source, tokenizer, cfg)
+    return Documents.from_lists(sink.ids, sink.masks, sink.lines, sink.prompts), report
 
 
 class RowCounter:
@@ -331,23 +393,3 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     template = getattr(tokenizer, "chat_template", None)
     payload = json.dumps({"definition": definition, "template": template}, sort_keys=True, default=repr)
     return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def _load_cache(path: Path) -> Optional[tuple[Documents, RejectReport]]:
-    if not path.is_file():
-        return None
-    try:
-        saved = torch.load(path, weights_only=True)
-        documents = Documents(**{k: saved[k] for k in ("tokens", "loss_mask", "starts", "lines", "prompt_hashes")})
-        return documents, RejectReport.from_dict(saved["report"])
-    except Exception as e:  # a damaged entry is rebuilt, never trusted
-        log.warning("ignoring unreadable tokenisation cache %s (%s); tokenising again", path, e)
-        return None
-
-
-def _save_cache(path: Path, documents: Documents, report: RejectReport) -> None:
-    """Write to a temporary name, then rename: ranks writing at once never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save({**documents.__dict__, "report": report.to_dict()}, temporary)
-    os.replace(temporary, path)

@@ -11,8 +11,10 @@ A shard holds its rows laid end to end (T = the shard's tokens, R rows, D docume
     prompt_hashes       [D] int64   each document's prompt (blockdraft/data/prompt_record.py): the store
                                     carries the record of what a run from it trains on
 
-The index is rewritten (temporary name, then rename) after every shard, and lists a shard
-only once its file is complete, so a killed capture resumes at the first missing shard.
+The index is rewritten under a temporary name, then renamed, and lists a split's shards once
+every one is complete; while a capture runs, each finished shard has a receipt beside it
+(<split>/shard-00000.json), so a killed capture resumes at the shards without one. The
+capture writes all of it (blockdraft/capture/store_writer.py); this file reads it.
 """
 
 from __future__ import annotations
@@ -26,20 +28,15 @@ from typing import Dict, List, Optional
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from blockdraft.data.dataset import reply_ends
+from blockdraft.data.store_integrity import check_split
 from blockdraft.errors import ConfigError, DataError
-from blockdraft.integrity import sha256_of
 
 INDEX_NAME = "index.json"
 STORE_FORMAT = 1
 STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 ROW_TENSORS = ("input_ids", "loss_mask", "position_ids")
-
-
-def shard_name(split: str, number: int) -> str:
-    return f"{split}/shard-{number:05d}.safetensors"
 
 
 def check_storage_dtype(name: str) -> torch.dtype:
@@ -72,7 +69,7 @@ class FeatureStore:
         root = Path(root).expanduser()
         path = root / INDEX_NAME
         if not path.is_file():
-            raise ConfigError(f"{key}={root}: no {INDEX_NAME} there; write a store with `python -m blockdraft.data.capture ... out={root}`.")
+            raise ConfigError(f"{key}={root}: no {INDEX_NAME} there; write a store with `python -m blockdraft.capture ... out={root}`.")
         try:
             index = json.loads(path.read_text())
         except json.JSONDecodeError as e:
@@ -80,43 +77,6 @@ class FeatureStore:
         if index.get("format") != STORE_FORMAT:
             raise ConfigError(f"{path}: store format {index.get('format')!r}, this blockdraft reads {STORE_FORMAT}; capture it again.")
         return cls(root, index)
-
-    @classmethod
-    def create_or_resume(cls, root, identity: dict, overwrite: bool) -> "FeatureStore":
-        """A store at `root` for `identity`: resumes one of the same identity, refuses to mix with another."""
-        root = Path(root).expanduser()
-        if (root / INDEX_NAME).is_file():
-            store = cls.open(root, key="out")
-            # A split the store does not hold yet (say, data.val captured after data.train) is
-            # added beside the others: nothing captured so far depends on it.
-            added = {name: src for name, src in identity.get("sources", {}).items()
-                     if name not in store.identity.get("sources", {})}
-            stored = {**store.identity, "sources": {**store.identity.get("sources", {}), **added}}
-            diffs = identity_differences(stored, identity)
-            if not diffs:
-                if added:
-                    store.index["identity"] = stored
-                    store.write_index()
-                return store
-            if not overwrite:
-                raise ConfigError(
-                    f"out={root} holds a store of other settings:\n  " + "\n  ".join(diffs)
-                    + "\nUse another out, or overwrite=true to replace it."
-                )
-            store.delete_contents()
-        elif root.exists() and any(root.iterdir()) and not overwrite:
-            raise ConfigError(f"out={root} is not empty and holds no feature store; pick an empty or new directory, or pass overwrite=true.")
-        root.mkdir(parents=True, exist_ok=True)
-        store = cls(root, {"format": STORE_FORMAT, "identity": identity, "splits": {}})
-        store.write_index()
-        return store
-
-    def delete_contents(self) -> None:
-        import shutil
-
-        for split in self.splits:
-            shutil.rmtree(self.root / split, ignore_errors=True)
-        (self.root / INDEX_NAME).unlink(missing_ok=True)
 
     # --- what it holds ------------------------------------------------------------------
     @property
@@ -136,44 +96,7 @@ class FeatureStore:
     def has_split(self, name: str) -> bool:
         return bool(self.splits.get(name, {}).get("complete"))
 
-    # --- writing ------------------------------------------------------------------------
-    def begin_split(self, name: str, source: dict, num_rows: int, rows_per_shard: int, report: dict) -> dict:
-        # The identity names each split's source, so an entry found here is of these same rows.
-        entry = self.splits.get(name)
-        if entry is None:
-            entry = {"source": source, "rows": num_rows, "rows_per_shard": rows_per_shard,
-                     "num_shards": -(-num_rows // rows_per_shard), "shards": [], "tokens": 0, "complete": False, "report": report}
-            self.splits[name] = entry
-            self.write_index()
-        return entry
-
-    def finished_shards(self, name: str) -> int:
-        """How many leading shards are complete and intact; a damaged one is captured again."""
-        entry = self.splits[name]
-        for i, shard in enumerate(entry["shards"]):
-            path = self.root / shard["file"]
-            if not path.is_file() or sha256_of(path) != shard["sha256"]:
-                print(f"[capture] {path} is missing or damaged: capturing it again", flush=True)
-                entry["shards"] = entry["shards"][:i]
-                return i
-        return len(entry["shards"])
-
-    def write_shard(self, name: str, number: int, rows: List[dict], storage_dtype: torch.dtype) -> dict:
-        tensors = pack_rows(rows, storage_dtype)
-        rel = shard_name(name, number)
-        path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, path)
-        shard = {"file": rel, "rows": len(rows), "tokens": int(tensors["input_ids"].numel()), "sha256": sha256_of(path)}
-        entry = self.splits[name]
-        entry["shards"] = entry["shards"][:number] + [shard]
-        entry["tokens"] = sum(s["tokens"] for s in entry["shards"])
-        entry["complete"] = len(entry["shards"]) == entry["num_shards"]
-        self.write_index()
-        return shard
-
+    # --- the index (written by the capture, capture/store_writer.py) -------------------
     def write_index(self) -> None:
         path = self.root / INDEX_NAME
         tmp = path.with_name(INDEX_NAME + ".tmp")
@@ -181,37 +104,9 @@ class FeatureStore:
         os.replace(tmp, path)
 
     def verify(self, name: str) -> None:
-        """Every shard of a split present and matching its checksum."""
-        for shard in self.split(name)["shards"]:
-            path = self.root / shard["file"]
-            if not path.is_file():
-                raise DataError(f"{path} is missing from the feature store {self.root}; capture it again (the capture resumes).")
-            if sha256_of(path) != shard["sha256"]:
-                raise DataError(f"{path} is corrupt (its sha256 differs from {self.root / INDEX_NAME}); delete it and rerun the capture.")
-
-
-def pack_rows(rows: List[dict], storage_dtype: torch.dtype) -> Dict[str, torch.Tensor]:
-    """Rows {input_ids [L], loss_mask [L], position_ids [L], document_lengths [D], features [L, F]} -> shard tensors."""
-    lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.int64)
-    docs = torch.tensor([len(r["document_lengths"]) for r in rows], dtype=torch.int64)
-    teacher = {}
-    if "teacher_ids" in rows[0]:  # the target's top-k per position [T, k], for soft labels
-        teacher = {"teacher_ids": torch.cat([r["teacher_ids"] for r in rows]).to(torch.int32).contiguous(),
-                   "teacher_logits": torch.cat([r["teacher_logits"] for r in rows]).to(storage_dtype).contiguous()}
-    prompts = {}
-    if "prompt_hashes" in rows[0]:  # [D]
-        prompts = {"prompt_hashes": torch.cat([r["prompt_hashes"] for r in rows]).to(torch.int64)}
-    return {
-        **teacher,
-        **prompts,
-        "features": torch.cat([r["features"] for r in rows]).to(storage_dtype).contiguous(),  # [T, F]
-        "input_ids": torch.cat([r["input_ids"] for r in rows]).to(torch.int32),
-        "loss_mask": torch.cat([r["loss_mask"] for r in rows]).bool(),
-        "position_ids": torch.cat([r["position_ids"] for r in rows]).to(torch.int32),
-        "row_offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),
-        "document_lengths": torch.cat([r["document_lengths"] for r in rows]).to(torch.int64),
-        "row_document_offsets": torch.cat([torch.zeros(1, dtype=torch.int64), docs.cumsum(0)]),
-    }
+        """Every shard of a split present and as the capture sealed it: sizes, times and the recorded digest
+        checked, a shard read only where its time changed (data/store_integrity.py)."""
+        check_split(self.root, self.split(name))
 
 
 @dataclass
@@ -277,6 +172,10 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
     def reply_tokens(self) -> torch.Tensor:
         """Every supervised token id of the split (for the draft vocabulary), without reading features."""
         return torch.cat([ids[mask].long() for ids, mask in self._token_columns()])
+
+    def reply_token_blocks(self):
+        """The supervised token ids, one shard at a time (for counting them without a copy of every shard)."""
+        return (ids[mask] for ids, mask in self._token_columns())
 
     def reply_end_tokens(self) -> torch.Tensor:
         """The last supervised token of every reply (end-of-turn tokens)."""

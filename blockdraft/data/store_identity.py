@@ -94,7 +94,7 @@ def check_store_for_training(store: FeatureStore, target_path, target_config, la
         raise ConfigError(
             f"data.features={store.root} was captured with other settings than this run:\n  " + "\n  ".join(diffs)
             + "\nSet the keys above to the store's values, or capture a new store with this run's overrides "
-            "(`python -m blockdraft.data.capture <the same overrides> out=<dir>`)."
+            "(`python -m blockdraft.capture <the same overrides> out=<dir>`)."
         )
 
 

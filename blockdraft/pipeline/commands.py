@@ -34,7 +34,8 @@ def recipe_overrides(s: PipelineSettings) -> List[str]:
     p = s.paths()
     experiment = [f"experiment={s.experiment}"] if s.experiment else []
     return [*experiment, f"target.path={s.target}", "target.tiny=null", "prepare.regenerate_builtin=null",
-            f"data.train={p['train_rows']}", f"data.val={p['heldout_rows']}", *s.recipe]
+            f"data.train={p['train_rows']}", f"data.val={p['heldout_rows']}", f"data.cache_dir={p['tokenized']}",
+            *s.recipe]
 
 
 def capture_overrides(s: PipelineSettings) -> List[str]:
@@ -91,11 +92,20 @@ def train_argv(s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) 
     return [python(), "-m", "torch.distributed.run", *launch, "-m", "blockdraft.train", *train_overrides(s, use_store, batch)]
 
 
+def capture_argv(s: PipelineSettings) -> List[str]:
+    """The capture on node 0's train.nproc ranks (each captures its share of the shards; the store is the same
+    for any count). Other nodes only wait for it: the capture stage is not one they run."""
+    if s.nproc == 1:
+        return [python(), "-m", "blockdraft.capture", *capture_overrides(s)]
+    return [python(), "-m", "torch.distributed.run", f"--nproc_per_node={s.nproc}", "--standalone",
+            "-m", "blockdraft.capture", *capture_overrides(s)]
+
+
 def stage_argv(stage: str, s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) -> List[str]:
     """`batch`: training only, the train.grad_accum that keeps a continued run's global batch."""
     return {
         "regen": lambda: [python(), "-m", "blockdraft.regen", *regen_overrides(s)],
-        "capture": lambda: [python(), "-m", "blockdraft.data.capture", *capture_overrides(s)],
+        "capture": lambda: capture_argv(s),
         "train": lambda: train_argv(s, use_store, batch),
         "export": lambda: [python(), "-m", "blockdraft.export", *export_overrides(s)],
         "gate": lambda: [python(), "-m", "blockdraft.serve.gate", *gate_words(s)],
@@ -109,7 +119,7 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
     from omegaconf import OmegaConf
 
     from blockdraft.config import compose, register_schema
-    from blockdraft.data.capture import CaptureAppConfig
+    from blockdraft.capture.config import CaptureAppConfig
     from blockdraft.regen.config import RegenConfig
     from blockdraft.export.config import ExportConfig
     from blockdraft.serve.config import ServeConfig
@@ -126,7 +136,7 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
             out[stage] = OmegaConf.to_object(compose(app, overrides))
         except Exception as err:  # Hydra's and OmegaConf's errors: the message names the key
             raise ConfigError(f"the {stage} stage refuses its overrides: {_one_line(err)}. {ROUTING}") from None
-    from blockdraft.data.capture import check_capture_options
+    from blockdraft.capture.config import check_capture_options
     from blockdraft.train.setup import check_config
 
     # Each app's own checks of what it was given, as far as they need no output of an earlier stage.

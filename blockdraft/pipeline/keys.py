@@ -60,7 +60,7 @@ def given_inputs(s: PipelineSettings, given, num_heldout: int) -> dict:
 def capture_inputs(s: PipelineSettings, cfg) -> dict:
     import torch
 
-    from blockdraft.data.capture import planned_identity
+    from blockdraft.capture.identity import planned_identity
     from blockdraft.pipeline.commands import on_cuda
 
     return placeheld({"store": planned_identity(cfg, torch.device("cuda" if on_cuda() else "cpu"))}, s)

@@ -80,6 +80,7 @@ class PipelineSettings:
             "train_rows": train_rows, "heldout_rows": r / "regen" / "heldout.jsonl", "store": r / "store",
             "run": r / "run", "export": r / "export", "gate": r / "gate" / "gate.json", "report": r / "serve" / "report.json",
             "acceptance_plot": r / "serve" / "acceptance.png",
+            "tokenized": r / "tokenized",  # the token files, beside out so that every node maps the same ones
         }
 
     @property

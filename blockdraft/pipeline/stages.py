@@ -109,7 +109,7 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str,
     stages = [
         regen,
         Stage("capture", keys.capture_inputs(s, cfgs["capture"]) if use_store else {},
-              command_stage("capture", commands.stage_argv("capture", s, use_store), "rerun: it resumes at the first unfinished shard"),
+              command_stage("capture", commands.stage_argv("capture", s, use_store), "rerun: it resumes at the unfinished shards, on any train.nproc"),
               lambda: (p["store"] / "index.json").is_file(), p["store"], moves=p["store"],
               skip_reason=None if use_store else why),
         train_stage(s, cfgs["train"], use_store, records),

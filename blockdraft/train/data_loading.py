@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from blockdraft.data.builtin_prompts import builtin_prompt_set
-from blockdraft.data.dataset import collate, prepare_dataset
+from blockdraft.data.dataset import collate, dataset_key, prepare_dataset
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.train.anchors import valid_anchor_mask
-from blockdraft.train.distributed import DistInfo, barrier
+from blockdraft.train.distributed import DistInfo, barrier, broadcast_object
 
 
 def ensure_builtin_data(cfg, target_model, tokenizer, dist: DistInfo) -> None:
@@ -31,6 +31,22 @@ def ensure_builtin_data(cfg, target_model, tokenizer, dist: DistInfo) -> None:
     barrier()
 
 
+def refuse_builtin_data_by_shard(cfg) -> None:
+    """A recipe's built-in prompts are answered by rank 0 with the whole target, which a target loaded by shard
+    never is on any rank: said before anything loads."""
+    prep = cfg.prepare
+    if prep.regenerate_builtin is None:
+        return
+    splits = [(cfg.data.train, prep.num_train), (cfg.data.val, prep.num_val)]
+    missing = [str(path) for path, n in splits if path and not _complete(Path(path), n)]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(missing)} not answered yet: a recipe's built-in prompts are answered by rank 0 with the whole "
+            "target, which distributed.target_sharding=fsdp never loads. Run once with distributed.target_sharding=none "
+            "(a built-in recipe's target is small), or give data.train / data.val answered by `python -m blockdraft.regen`."
+        )
+
+
 def _complete(path: Path, n: int) -> bool:
     if not path.exists():
         return False
@@ -43,11 +59,22 @@ def _complete(path: Path, n: int) -> bool:
 
 
 def load_split(path, tokenizer, data_cfg, name: str, dist: DistInfo, block_size: int):
-    """Rank 0 tokenises (and fills the cache) first, the others then read the cache."""
-    if not dist.is_main:
-        barrier()
-    dataset, _report = prepare_dataset(path, tokenizer, data_cfg)  # logs its reject report itself
+    """Rank 0 hashes the rows and writes the token file; then each node's first rank maps it (or, where
+    data.cache_dir is node-local, writes its node's copy); then every other rank maps it. No rank loads it."""
+    key, failure, dataset = None, None, None
     if dist.is_main:
+        try:
+            key = dataset_key(path, tokenizer, data_cfg)
+            dataset, _report = prepare_dataset(path, tokenizer, data_cfg, key=key)  # logs its reject report itself
+        except (ConfigError, DataError) as err:
+            failure = err
+    # Rank 0's key (the rows are hashed once) and its error, if any, which every rank then raises: no rank waits.
+    key, failure = broadcast_object((key, failure))
+    if failure is not None:
+        raise failure
+    for first_of_node in (True, False):
+        if not dist.is_main and (dist.local_rank == 0) == first_of_node:
+            dataset, _report = prepare_dataset(path, tokenizer, data_cfg, key=key)
         barrier()
     _require_anchors(dataset, block_size, name, path)
     return dataset

@@ -17,8 +17,11 @@ from blockdraft.errors import ConfigError
 
 
 def reply_token_counts(dataset, vocab_size: int) -> torch.Tensor:
-    """[V] how often each token is a supervised (reply) token in `dataset`."""
-    return torch.bincount(dataset.reply_tokens(), minlength=vocab_size)[:vocab_size]
+    """[V] how often each token is a supervised (reply) token in `dataset`, counted a block at a time."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for block in dataset.reply_token_blocks():
+        counts += torch.bincount(block.long(), minlength=vocab_size)[:vocab_size]
+    return counts
 
 
 def required_tokens(dataset, eos_ids: Sequence[int]) -> torch.Tensor:

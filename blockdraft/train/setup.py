@@ -6,15 +6,17 @@ Cheap checks run first so a typo fails in seconds, before the target is loaded.
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from blockdraft.errors import ConfigError
+# The target group's checks live below train (capture settles them too); the loop imports them from here.
+from blockdraft.models.target_checks import check_target_path, resolve_dtype, resolve_target_dtype  # noqa: F401
 from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.confidence import CONFIDENCE_TARGETS
 from blockdraft.train.optim import check_optim_config
+from blockdraft.train.parallelize import check_draft_sharding
 from blockdraft.train.target_sharding import check_strategy
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
@@ -49,6 +51,7 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
         raise ConfigError(missing_mask_message(cfg.target.path))
     check_target_path(cfg.target)
     check_strategy(cfg.distributed.target_sharding)
+    check_draft_sharding(cfg.train.draft_sharding, cfg.optim.name)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
     if cfg.wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:
@@ -106,16 +109,6 @@ def check_sliding_window(draft) -> None:
         )
 
 
-def check_target_path(target) -> None:
-    """The `target` group names a local HF directory (or a tiny one a test builds there), and a
-    dtype that exists: a misspelt one fails now, not after loading."""
-    if target.path is None:
-        raise ConfigError("target.path is not set; point it at a local Hugging Face model directory.")
-    if target.tiny is None and not (Path(target.path) / "config.json").exists():
-        raise ConfigError(f"target.path={target.path!r} has no config.json; give a local Hugging Face model directory.")
-    resolve_dtype(target.dtype, torch.device("cpu"))
-
-
 def check_mask_embedding(cfg: TrainAppConfig) -> None:
     if cfg.draft.mask_embedding_init not in ("token", "mean"):
         raise ConfigError(f"draft.mask_embedding_init={cfg.draft.mask_embedding_init!r}; use token or mean.")
@@ -151,27 +144,6 @@ def check_store_options(cfg: TrainAppConfig) -> None:
             f"distributed.target_sharding={cfg.distributed.target_sharding}: from a feature store (data.features) "
             "the target's layers are not loaded, so there is nothing to shard; set distributed.target_sharding=none."
         )
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in ("float32", "bfloat16"):
-        raise ConfigError(f"dtype {name!r}: use auto, float32 or bfloat16.")
-    return getattr(torch, name)
-
-
-def resolve_target_dtype(name: str, train_dtype: torch.dtype) -> torch.dtype:
-    """The dtype the frozen target is loaded in: auto follows the training dtype (bf16 on CUDA,
-    where an 8B target then takes 16 GB instead of 32; fp32 on CPU)."""
-    if name == "auto":
-        return train_dtype
-    dtype = resolve_dtype(name, torch.device("cpu"))
-    if dtype == torch.bfloat16 and train_dtype != torch.bfloat16:
-        # Without autocast the draft's fp32 layers would be fed bf16 features and embeddings.
-        raise ConfigError("target.dtype=bfloat16 with an fp32 training step (train.dtype=float32, or a CPU with "
-                          "train.dtype=auto): set train.dtype=bfloat16 (autocast), or target.dtype=auto / float32.")
-    return dtype
 
 
 def resolve_backend(name: str, device: torch.device) -> str:

@@ -6,7 +6,7 @@ Both backends capture the same thing for the same token ids: for `target_layer_i
 the outputs of decoder layers i (HF `hidden_states[i + 1]`), concatenated per token.
 
 (a) transformers: `TargetModel.load(target, layers).capture(ids[None])`, one row at a time, fp32,
-    early stop after the last needed layer (what `python -m blockdraft.data.capture` runs);
+    early stop after the last needed layer (what `python -m blockdraft.capture` runs);
     one warm-up row, then every row is timed. States stay in memory (nothing is written).
 (b) vLLM: a child process in the serving interpreter (.venv-serve; it has no blockdraft) starts
     `LLM(..., speculative_config={"method": "extract_hidden_states", ...})` and generates one

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench/bench_feature_store.py [--steps 40] [--train-rows .cache/demo/regen/train.jsonl] [--store DIR]
 
-1. Captures the demo's training rows once (`python -m blockdraft.data.capture`, float16):
+1. Captures the demo's training rows once (`python -m blockdraft.capture`, float16):
    tokens/s and bytes per 1k tokens.
 2. Trains the demo recipe for a few steps online (full vocabulary), then from the store with the
    full vocabulary and with `draft.draft_vocab_size` 8192 and 16384: step time and time shares.
@@ -41,7 +41,7 @@ def capture(args, out: Path) -> dict:
     """A fresh capture's figures; a complete store at `out` from an earlier run is reused (figures from its index)."""
     if (out / "index.json").is_file() and "capture_seconds" in json.loads((out / "index.json").read_text()).get("bench", {}):
         return json.loads((out / "index.json").read_text())["bench"]
-    argv = [sys.executable, "-m", "blockdraft.data.capture", f"experiment={EXPERIMENT}", f"data.train={args.train_rows}",
+    argv = [sys.executable, "-m", "blockdraft.capture", f"experiment={EXPERIMENT}", f"data.train={args.train_rows}",
             "data.val=null", f"out={out}", "train.progress=false"]
     print("$", " ".join(argv), flush=True)
     done = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True)

@@ -5,7 +5,7 @@ training rows, for one recipe, from a feature store; a table and a plot in docs/
         [--step-time S] [--recipe OVERRIDE ...] [--serve-report LABEL=report.json ...]
 
 The store holds the demo's training rows and the held-out rows as its val split, e.g. the demo's
-own store with the held-out split added: `python -m blockdraft.data.capture
+own store with the held-out split added: `python -m blockdraft.capture
 experiment=smollm2_dflash_cpu data.val=.cache/demo/regen/heldout.jsonl out=DIR ...` with the demo's
 capture settings; `--rows N` trains on its first N rows (data.max_rows). A budget of M minutes
 is M*60 / step-time steps, the step time measured by a probe once per recipe, or given with

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from blockdraft.config import compose, register_schema
-from blockdraft.data.capture import CaptureAppConfig
+from blockdraft.capture.config import CaptureAppConfig
 from blockdraft.train.config import TrainAppConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def decode_heldout_losslessly(export, num_prompts: int):
 
 def capture_tiny(out, *extra):
     """A feature store of the tiny_cpu recipe's rows (what its training run consumes)."""
-    from blockdraft.data.capture import run_capture
+    from blockdraft.capture.app import run_capture
 
     cwd = os.getcwd()
     os.chdir(REPO)

@@ -1,10 +1,8 @@
 """The feature store: capture once, then train from it exactly as online training would."""
 
 import json
-import os
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ from safetensors.torch import load_file
 
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import read_metrics
-from tests.integration.conftest import REPO, SHARD_ROWS, capture_tiny, python, train_tiny
+from tests.integration.conftest import REPO, capture_tiny, train_tiny
 from tests.integration.test_train_tiny import _launch, _train_rows
 
 def _val(run_dir):
@@ -135,7 +133,7 @@ def test_a_store_of_fewer_rows_than_the_run_asks_for_is_refused_naming_them(tmp_
 
 def test_a_capture_without_out_is_refused_naming_the_key():
     from blockdraft.config import compose
-    from blockdraft.data.capture import run_capture
+    from blockdraft.capture.app import run_capture
 
     with pytest.raises(ConfigError, match="out is not set"):
         run_capture(compose("capture", ["experiment=tiny_cpu"]))
@@ -159,29 +157,6 @@ def test_a_split_captured_later_joins_the_store_without_redoing_the_others(fp32_
     assert index["splits"]["val"]["complete"]
     assert index["identity"] == json.loads((fp32_store / "index.json").read_text())["identity"]
     assert {p: p.stat().st_mtime_ns for p in (out / "train").iterdir()} == train_shards
-
-
-def test_a_killed_capture_resumes_to_the_same_store(fp32_store, tmp_path):
-    out = tmp_path / "store"
-    cmd = [python(), "-m", "blockdraft.data.capture", "experiment=tiny_cpu", f"out={out}", "storage_dtype=float32",
-           f"rows_per_shard={SHARD_ROWS}", "train.progress=false"]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    killed = subprocess.run(cmd, cwd=REPO, env={**env, "BLOCKDRAFT_FAULT": "capture.after_shard@2:kill"}, capture_output=True, text=True)
-    assert killed.returncode != 0
-    index = json.loads((out / "index.json").read_text())
-    assert [s["file"] for s in index["splits"]["train"]["shards"]] == ["train/shard-00000.safetensors", "train/shard-00001.safetensors"]
-    first_two = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in index["splits"]["train"]["shards"]}
-    resumed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert "resuming after 2 finished shard(s) of 4" in resumed.stdout
-    assert {f: (out / f).stat().st_mtime_ns for f in first_two} == first_two  # finished shards not redone
-    got, want = json.loads((out / "index.json").read_text()), json.loads((fp32_store / "index.json").read_text())
-    for split in ("train", "val"):
-        assert got["splits"][split]["complete"] and got["splits"][split]["tokens"] == want["splits"][split]["tokens"]
-        for a, b in zip(got["splits"][split]["shards"], want["splits"][split]["shards"]):
-            ta, tb = load_file(str(out / a["file"])), load_file(str(fp32_store / b["file"]))
-            for name in tb:  # same rows; features equal up to fp32 noise between processes
-                torch.testing.assert_close(ta[name], tb[name], rtol=1e-5, atol=1e-6)
 
 
 def test_store_rows_carry_the_position_ids_training_derives(fp32_store):

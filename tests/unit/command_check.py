@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 APP_MODULES = {
     "blockdraft.pipeline": "pipeline", "blockdraft.regen": "regen",
-    "blockdraft.data.capture": "capture", "blockdraft.train": "train", "blockdraft.export": "export",
+    "blockdraft.capture": "capture", "blockdraft.train": "train", "blockdraft.export": "export",
     "blockdraft.serve": "serve", "blockdraft.eval": "eval", "blockdraft.serve.gate": "gate",
     "blockdraft.models.suggest": "suggest", "blockdraft.demo": "demo",
 }

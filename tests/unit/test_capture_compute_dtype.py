@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from blockdraft.data import capture
-from blockdraft.data.capture import CaptureAppConfig, capture_compute_dtype
+from blockdraft.capture import config as capture
+from blockdraft.capture.config import CaptureAppConfig
+from blockdraft.capture.identity import capture_compute_dtype
 
 
 @pytest.mark.parametrize("flags,want", [("fpu avx512f avx512_bf16", torch.bfloat16),

@@ -36,7 +36,7 @@ APP_MODULES = {
     "export": "blockdraft.export.__main__",
     "serve": "blockdraft.serve.__main__",
     "regen": "blockdraft.regen.app",
-    "capture": "blockdraft.data.capture",
+    "capture": "blockdraft.capture.app",
     "eval": "blockdraft.eval.__main__",
 }
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-import blockdraft.data.dataset as dataset_module
+import blockdraft.data.tokenize_stream as stream_module
 from blockdraft.data.config import DataConfig
 from blockdraft.data.dataset import collate, pack_documents, prepare_dataset
 from blockdraft.data.rows import Reason
@@ -44,13 +44,13 @@ def cfg(tmp_path, train_file):
 
 def count_tokenize_calls(monkeypatch):
     calls = []
-    real = dataset_module.tokenize_row
+    real = stream_module.tokenize_row
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dataset_module, "tokenize_row", counting)
+    monkeypatch.setattr(stream_module, "tokenize_row", counting)
     return calls
 
 

@@ -6,7 +6,7 @@ import time
 import datasets
 import pytest
 
-import blockdraft.data.dataset as dataset_module
+import blockdraft.data.tokenize_stream as stream_module
 from blockdraft.data.config import DataConfig
 from blockdraft.data.dataset import prepare_dataset
 from blockdraft.data.rows import Reason
@@ -58,7 +58,7 @@ def test_a_datasets_source_is_read_checked_and_reported_by_row(kind, tok, tmp_pa
     assert dataset.source_lines(1) == [3]
 
     calls = []
-    monkeypatch.setattr(dataset_module, "tokenize_row", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(stream_module, "tokenize_row", lambda *a, **k: calls.append(1))
     again, _ = prepare_dataset(str(path), tok, cfg)  # the tokenisation cache answers: nothing is tokenised
     assert calls == [] and [again[i]["input_ids"].tolist() for i in range(3)] == [dataset[i]["input_ids"].tolist() for i in range(3)]
 

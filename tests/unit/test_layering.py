@@ -46,3 +46,15 @@ def test_regen_is_a_room_above_data():
         if bad:
             offenders[str(path.relative_to(PACKAGE))] = bad
     assert not offenders, f"imports across the regen room's walls: {offenders}"
+
+
+def test_data_is_below_every_stage():
+    """data/ is what the stages share (tokenising, the token file, the feature store's reader): it never imports
+    capture/, train/ or pipeline/ above it; the capture room writes stores with data's formats, not the reverse."""
+    above = ("blockdraft.capture", "blockdraft.train", "blockdraft.pipeline", "blockdraft.regen", "blockdraft.export")
+    offenders = {}
+    for path in sorted((PACKAGE / "data").glob("*.py")):
+        bad = sorted(m for m in imported_modules(path) if m.startswith(above))
+        if bad:
+            offenders[str(path.relative_to(PACKAGE))] = bad
+    assert not offenders, f"data/ reaching up into a stage: {offenders}"

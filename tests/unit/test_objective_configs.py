@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blockdraft.config import compose, register_schema
-from blockdraft.data.capture import CaptureAppConfig
+from blockdraft.capture.config import CaptureAppConfig
 from blockdraft.errors import ConfigError
 from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.setup import check_config
@@ -76,7 +76,7 @@ def test_a_causal_draft_may_have_a_window_narrower_than_its_block():
 
 
 def test_a_capture_for_the_full_distribution_keeps_a_top_k_and_says_so(capsys):
-    from blockdraft.data.capture import STORE_FULL_TOP_K, store_teacher_top_k
+    from blockdraft.capture.identity import STORE_FULL_TOP_K, store_teacher_top_k
 
     assert store_teacher_top_k(1.0, None) == STORE_FULL_TOP_K == 32
     assert "keeping its top 32" in capsys.readouterr().out

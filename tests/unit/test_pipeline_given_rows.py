@@ -152,7 +152,7 @@ def test_the_pipeline_starts_from_the_given_rows_and_keeps_them_on_a_rerun(targe
     monkeypatch.setattr(process, "run_command", stand_in)
     rows = write_jsonl(tmp_path / "rows.jsonl", answered(30, repeats=4))
     out = tmp_path / "run"
-    with pytest.raises(Reached, match="blockdraft.data.capture"):  # regen is the given rows; the capture is next
+    with pytest.raises(Reached, match="blockdraft.capture"):  # regen is the given rows; the capture is next
         app.main(words(out, f"rows={rows}", "regen.num_heldout=6", "regen.max_tokens=9"))
     printed = capsys.readouterr().out
     assert "rows= starts from rows already answered, so no regen runs and regen.max_tokens=9 shape nothing" in printed

@@ -1,0 +1,74 @@
+"""`python -m blockdraft.capture <training overrides> out=<dir>`: a feature store.
+
+    torchrun --nproc_per_node N -m blockdraft.capture <the same overrides> out=<dir>   (every GPU)
+
+Composed from the training app's groups, so `experiment=`, `target.path=`, `data.*` and
+`draft.target_layer_ids=` mean what they mean for training: the rows are tokenised by the
+same code (and the same cache), the target runs once per row through the same capture,
+and each shard holds exactly the tensor online training would feed the draft. Under torchrun
+the shards are shared out among the ranks and the store is the one a single process writes.
+Train from it with `data.features=<dir>`. A killed capture resumes at its unfinished shards,
+on the same or another number of ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from blockdraft.capture.config import CaptureAppConfig, check_capture_config
+from blockdraft.config.app_help import AppHelp, exit_if_help_asked
+from blockdraft.config.target_argument import rewrite_target_argument, target_argument_or_exit
+from blockdraft.errors import ConfigError, DataError
+
+HELP = AppHelp(
+    app="capture", module="blockdraft.capture", schema=CaptureAppConfig,
+    usage="<training overrides: experiment=<recipe> target=<group or dir> key=value ...> out=<dir>",
+    example="experiment=tiny_cpu out=runs/store  (then: blockdraft train experiment=tiny_cpu data.features=runs/store)",
+    notes=("The training app's keys mean what they mean for training; the capture's own keys are the top-level ones after run_dir.",
+           "target=<dir> captures a local Hugging Face directory (target.path=<dir>, no tiny target).",
+           "Under torchrun (torchrun --nproc_per_node N -m blockdraft.capture ...) each rank captures its share of the "
+           "shards; the store is the one a single process writes, and a killed capture resumes on any number of ranks."),
+    rewrite=rewrite_target_argument,
+)
+
+
+def run_capture(cfg) -> Path:
+    """Entry used by the command line and by tests with a composed config."""
+    from blockdraft.capture.stage import CaptureStage
+
+    if OmegaConf.is_missing(cfg, "out"):
+        raise ConfigError("out is not set: give the store's directory, e.g. out=.cache/stores/<name>.")
+    schema: CaptureAppConfig = OmegaConf.to_object(cfg)
+    check_capture_config(schema)
+    return CaptureStage(schema).run()
+
+
+def main() -> None:
+    import hydra
+
+    from blockdraft.config import CONFIG_DIR
+
+    exit_if_help_asked(HELP)
+    sys.argv = target_argument_or_exit(sys.argv)
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name="capture", version_base=None)
+    def app(cfg) -> None:
+        from blockdraft.train.distributed import init_distributed, shutdown
+
+        try:
+            out = run_capture(cfg)
+        except (ConfigError, DataError) as err:
+            # Every rank refuses the same config (rank 0's store refusal is broadcast), so that is said once;
+            # a row's DataError is the rank's own that met it.
+            if isinstance(err, DataError) or int(os.environ.get("RANK", "0")) == 0:
+                print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        if init_distributed().is_main:
+            print(f"[capture] train from it with data.features={out}")
+        shutdown()
+
+    app()

@@ -1,0 +1,176 @@
+"""The capture stage on one rank of any number: every rank loads the target and tokenises the rows, captures
+the shards shard_split.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
+One process is the world of one."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import List
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from blockdraft import faults
+from blockdraft.capture import store_writer
+from blockdraft.capture.config import CaptureAppConfig
+from blockdraft.capture.forward import RowForward
+from blockdraft.capture.identity import capture_compute_dtype, capture_identity, store_teacher_top_k
+from blockdraft.capture.shard_split import rank_shards, shard_rows
+from blockdraft.data.dataset import collate, prepare_dataset
+from blockdraft.data.feature_store import STORAGE_DTYPES, FeatureStore
+from blockdraft.data.store_identity import split_source
+from blockdraft.errors import ConfigError
+from blockdraft.models.draft_config import check_layer_ids
+from blockdraft.models.resolve import resolve_layer_ids
+from blockdraft.models.target_checks import resolve_target_dtype
+from blockdraft.train.distributed import barrier, broadcast_object, init_distributed
+
+
+def all_gather_lists(local: list) -> list:
+    """Every rank's list, joined in rank order (the list itself for one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(local)
+    out: List[list] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, local)
+    return [x for part in out for x in part]
+
+
+class CaptureStage:
+    def __init__(self, cfg: CaptureAppConfig):
+        from transformers import AutoTokenizer
+
+        from blockdraft.models.target_families import load_text_config
+
+        self.cfg = cfg
+        self.dist = init_distributed()
+        if cfg.target.tiny and self.dist.is_main:
+            from blockdraft.models.tiny_target import save_tiny_target
+
+            save_tiny_target(cfg.target.path, cfg.target.tiny)
+        barrier()
+        # Both dtypes are settled (and a bf16 target under an fp32 step refused) before anything loads.
+        self.dtype = capture_compute_dtype(cfg, self.dist.device)
+        self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.target.path)
+        self.target_config = load_text_config(cfg.target.path)
+        self.layer_ids = resolve_layer_ids(cfg.draft, self.target_config)
+        check_layer_ids(self.layer_ids, self.target_config.num_hidden_layers)
+        self.target = None  # loaded only once the store's identity has been checked
+        # Soft labels are kept when the run these overrides describe trains with them.
+        with contextlib.nullcontext() if self.dist.is_main else contextlib.redirect_stdout(None):  # said once
+            self.teacher_top_k = store_teacher_top_k(cfg.train.kl_weight, cfg.train.teacher_top_k)
+
+    def say(self, text: str) -> None:
+        if self.dist.is_main:
+            print(f"[capture] {text}", flush=True)
+
+    def splits(self):
+        return [(name, path) for name, path in (("train", self.cfg.data.train), ("val", self.cfg.data.val)) if path]
+
+    def run(self) -> Path:
+        self._regenerate_builtin_rows()
+        identity = capture_identity(self.cfg, self.target_config, self.layer_ids, self.tokenizer, self.teacher_top_k, self.dtype)
+        identity["sources"] = {name: split_source(path) for name, path in self.splits()}
+        store = self._open_store(identity)
+        for name, path in self.splits():
+            store = self._capture_split(store, name, path)
+        held = ", ".join(f"{n}: {s['rows']} rows, {s['tokens']} tokens" for n, s in store.splits.items())
+        self.say(f"done: {store.root} ({held})")
+        return store.root
+
+    # --- set-up ---------------------------------------------------------------------------
+    def _regenerate_builtin_rows(self) -> None:
+        """Recipes like tiny_cpu answer built-in prompts with the target first, as training does."""
+        if self.cfg.prepare.regenerate_builtin is None:
+            return
+        from blockdraft.train.data_loading import ensure_builtin_data
+
+        ensure_builtin_data(self.cfg, self._target().model, self.tokenizer, self.dist)
+
+    def _open_store(self, identity: dict) -> FeatureStore:
+        """Rank 0 creates or resumes the store; its refusal is every rank's, so none waits on it."""
+        store, refusal = None, None
+        if self.dist.is_main:
+            try:
+                store = store_writer.create_or_resume(self.cfg.out, identity, self.cfg.overwrite)
+            except ConfigError as err:
+                refusal = str(err)
+        refusal = broadcast_object(refusal)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        return store or FeatureStore.open(self.cfg.out, key="out")
+
+    def _target(self):
+        if self.target is None:
+            from blockdraft.models.target import TargetModel
+
+            self.target = TargetModel.load(self.cfg.target.path, self.layer_ids, self.target_dtype, self.dist.device)
+        return self.target
+
+    def _tokenised(self, name: str, path: str):
+        """Rank 0 tokenises (and fills the cache) first; the other ranks then read the cache."""
+        if not self.dist.is_main:
+            barrier()
+        dataset, report = prepare_dataset(path, self.tokenizer, self.cfg.data)  # tokenised exactly as training does
+        if self.dist.is_main:
+            barrier()
+        if report.total_rejected:
+            self.say(f"data.{name}: {report.summary()}")
+        return dataset, report
+
+    # --- one split --------------------------------------------------------------------------
+    def _capture_split(self, store: FeatureStore, name: str, path: str) -> FeatureStore:
+        cfg, world = self.cfg, self.dist.world_size
+        dataset, report = self._tokenised(name, path)
+        if self.dist.is_main:
+            store_writer.begin_split(store, name, split_source(path), len(dataset), cfg.rows_per_shard, report.to_dict())
+        barrier()
+        if not self.dist.is_main:  # the index as rank 0 left it
+            store = FeatureStore.open(cfg.out, key="out")
+        num_shards = store.splits[name]["num_shards"]
+        done = sorted(store_writer.finished_shards(store, name))
+        # Each rank hashes its share of the finished shards; a damaged one is everyone's to know of.
+        damaged = set(all_gather_lists(store_writer.damaged_shards(store, name, done[self.dist.rank::world])))
+        todo = [n for n in range(num_shards) if n not in done or n in damaged]
+        if not todo:
+            self.say(f"{name}: all {num_shards} shard(s) already captured")
+        else:
+            if len(todo) < num_shards:
+                self.say(f"{name}: resuming after {num_shards - len(todo)} finished shard(s) of {num_shards}")
+            tokens = {n: sum(len(dataset[i]["input_ids"]) for i in shard_rows(n, cfg.rows_per_shard, len(dataset)))
+                      for n in todo}
+            self._capture_shards(store.root, dataset, name, rank_shards(tokens, self.dist.rank, world))
+        barrier()
+        if self.dist.is_main:
+            store_writer.list_shards(store, name)
+        return store
+
+    def _capture_shards(self, root: Path, dataset, name: str, numbers: List[int]) -> None:
+        cfg = self.cfg
+        forward = RowForward(self._target(), self.dist.device, self.dtype, self.teacher_top_k, cfg.storage_dtype)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        rows_total = sum(len(shard_rows(n, cfg.rows_per_shard, len(dataset))) for n in numbers)
+        bar = tqdm(total=rows_total, unit="row", desc=f"capture {name}", dynamic_ncols=True, mininterval=1.0,
+                   disable=not (cfg.train.progress and self.dist.is_main))
+        tokens, started = 0, time.perf_counter()
+        for number in numbers:
+            rows = []
+            indices = list(shard_rows(number, cfg.rows_per_shard, len(dataset)))
+            for at in range(0, len(indices), cfg.rows_per_forward):
+                chunk = indices[at:at + cfg.rows_per_forward]
+                items = [{**dataset[i], "prompt_hashes": dataset.row_prompt_hashes(i)} for i in chunk]
+                wheres = [f"data.{name} row from line(s) {dataset.source_lines(i)}" for i in chunk]
+                rows += forward.rows(items, collate(items, pad_id=pad), wheres)
+                tokens += sum(len(item["input_ids"]) for item in items)
+                bar.update(len(chunk))
+                bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}", refresh=False)
+            store_writer.write_shard(root, name, number, rows, STORAGE_DTYPES[cfg.storage_dtype])
+            faults.point("capture.after_shard")
+        bar.close()
+        seconds = time.perf_counter() - started
+        who = f" on rank {self.dist.rank} of {self.dist.world_size}" if self.dist.enabled else ""
+        print(f"[capture] {name}{who}: {len(numbers)} shard(s), {rows_total} rows, {tokens} tokens in {seconds:.1f} s "
+              f"({tokens / max(seconds, 1e-9):.0f} tokens/s)", flush=True)

@@ -54,7 +54,10 @@ def resolve_checkpoint(path: str | Path, key: str = "checkpoint") -> CheckpointS
 
 
 def is_draft_dir(path: Path) -> bool:
-    return (path / WEIGHTS_NAME).is_file() and (path / DRAFT_CONFIG_NAME).is_file()
+    """model.safetensors, or the shards a train.draft_sharding=fsdp run writes, beside draft_config.json."""
+    from blockdraft.models.sharded_io import is_sharded
+
+    return ((path / WEIGHTS_NAME).is_file() or is_sharded(path)) and (path / DRAFT_CONFIG_NAME).is_file()
 
 
 def latest_checkpoint(run_dir: Path, key: str = "checkpoint") -> Path:

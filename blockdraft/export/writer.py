@@ -61,7 +61,7 @@ def export_draft(
     if target_dir is not None:
         check_against_target(cfg, target_dir)
         target_config = target_text_config(Path(target_dir))
-    check_state_dict(stored_shapes(source.path), cfg, where=f"checkpoint {source.path}")
+    check_state_dict(checkpoint_shapes(source.path), cfg, where=f"checkpoint {source.path}")
     draft = load_draft(source.path)
 
     staging = fresh_staging_dir(out)
@@ -154,6 +154,13 @@ def verify_export(directory: Path, draft, cfg: DraftModelConfig, dtype: str) -> 
     if not result.ok:
         raise ExportCheckError(f"{result.summary()}\nThe export does not compute what the checkpoint computes.")
     return result
+
+
+def checkpoint_shapes(directory: Path) -> Dict[str, tuple]:
+    """A training checkpoint's tensor shapes: its model.safetensors, or its shards' metadata (fsdp)."""
+    from blockdraft.models import sharded_io
+
+    return sharded_io.stored_shapes(directory) if sharded_io.is_sharded(directory) else stored_shapes(directory)
 
 
 def stored_shapes(directory: Path) -> Dict[str, tuple]:

@@ -32,7 +32,12 @@ def save_draft(directory: str | Path, draft, dtype: torch.dtype | None = None) -
     directory.mkdir(parents=True, exist_ok=True)
     module = getattr(draft, "module", draft)
     save_file(draft_state_dict(module, dtype), str(directory / WEIGHTS_NAME))
-    (directory / DRAFT_CONFIG_NAME).write_text(json.dumps(module.config.to_dict(), indent=2))
+    save_draft_config(directory, module)
+
+
+def save_draft_config(directory: str | Path, draft) -> None:
+    module = getattr(draft, "module", draft)
+    (Path(directory) / DRAFT_CONFIG_NAME).write_text(json.dumps(module.config.to_dict(), indent=2))
 
 
 def as_fp32(state: dict) -> dict:
@@ -45,10 +50,17 @@ def load_draft_config(directory: str | Path) -> DraftModelConfig:
 
 
 def load_draft(directory: str | Path):
-    """Rebuild a draft from a checkpoint directory; every tensor must match by name and shape."""
+    """Rebuild a draft from a checkpoint directory; every tensor must match by name and shape. A sharded
+    checkpoint (train.draft_sharding=fsdp) is read whole on this one process, without a process group."""
     directory = Path(directory)
     verify_checksums(directory)
     draft = build_draft(load_draft_config(directory))
+    from blockdraft.models import sharded_io as shards
+
+    if shards.is_sharded(directory):
+        shards.verify_shards(directory)
+        shards.read_shards(directory, draft)
+        return draft
     state = load_file(str(directory / WEIGHTS_NAME))
     draft.load_state_dict(as_fp32(state), strict=True)
     return draft

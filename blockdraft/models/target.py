@@ -23,15 +23,15 @@ class _StopForward(Exception):
     """Raised by the last needed hook to skip the target's remaining layers."""
 
 
-def load_causal_lm(path: str, dtype=torch.float32, device="cpu") -> nn.Module:
-    """The HF model of a local directory, its architecture checked before any weight is read.
-
-    Loaded as the class its config names, so a multimodal `*ForConditionalGeneration` target
-    keeps its own layout (its language model is what the draft reads)."""
+def causal_lm_class(path: str):
+    """(the transformers class the target's config names, its config), the architecture checked before any
+    weight is read. A multimodal `*ForConditionalGeneration` target keeps its own layout (its language model
+    is what the draft reads)."""
     import transformers
     from transformers import AutoConfig
 
-    architectures = getattr(AutoConfig.from_pretrained(path), "architectures", None)
+    config = AutoConfig.from_pretrained(path)
+    architectures = getattr(config, "architectures", None)
     family_of(architectures)
     model_class = getattr(transformers, architectures[0], None)
     if model_class is None:
@@ -39,6 +39,12 @@ def load_causal_lm(path: str, dtype=torch.float32, device="cpu") -> nn.Module:
             f"target.path={path}: the installed transformers {transformers.__version__} has no "
             f"{architectures[0]}; install a release that pyproject.toml allows (`make setup`)."
         )
+    return model_class, config
+
+
+def load_causal_lm(path: str, dtype=torch.float32, device="cpu") -> nn.Module:
+    """The whole HF model of a local directory on `device`."""
+    model_class, _ = causal_lm_class(path)
     return model_class.from_pretrained(path, dtype=dtype).to(device)
 
 

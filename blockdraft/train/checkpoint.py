@@ -5,10 +5,15 @@ them), the trainer state (optimizer, scheduler, RNG, data position, step), the
 resolved config and the record of the prompts the run trains on (training_prompts.bin),
 so a kill during a save leaves the previous checkpoint intact and `resume=auto`
 continues the same run.
+
+A train.draft_sharding=fsdp run keeps the draft's weights and optimizer state as every rank's
+shards under draft/ instead (sharded_checkpoint.py); the rest is the same, written by rank 0
+once every rank has written its shards.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -22,7 +27,8 @@ from blockdraft import faults
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import verify_checksums, write_checksums
 from blockdraft.models.draft_config import DSPARK_HEAD_KEYS
-from blockdraft.models.io import load_draft_config, save_draft
+from blockdraft.models.io import load_draft_config, save_draft, save_draft_config
+from blockdraft.models import sharded_io as shards
 from blockdraft.train.training_prompts import copy_run_record
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -63,8 +69,49 @@ def save_checkpoint(run_dir, step: int, draft, trainer_state: dict, config_yaml:
     return final
 
 
+def save_sharded_checkpoint(run_dir, step: int, draft, optimizer, trainer_state: dict, config_yaml: str, keep_last: int,
+                            is_main: bool) -> Optional[Path]:
+    """Every rank: its shards of the draft and optimizer state, in parallel; rank 0 then the small files, the
+    checksums, the rename and the pruning while the other ranks train on. The path on rank 0, else None."""
+    from blockdraft.train.distributed import barrier
+
+    root = checkpoints_dir(run_dir)
+    final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()  # no rank writes into a stale step_<N>.tmp that rank 0 is still deleting
+    digests = shards.gather_digests(shards.write_shards(tmp, draft, optimizer))
+    faults.point("checkpoint.after_weights")
+    if not is_main:
+        return None
+    (tmp / shards.SHARD_CHECKSUMS).write_text(json.dumps(dict(sorted(digests.items())), indent=2))
+    save_draft_config(tmp, draft)
+    torch.save(trainer_state, tmp / TRAINER_STATE)
+    (tmp / "config.yaml").write_text(config_yaml)
+    copy_run_record(run_dir, tmp)
+    write_checksums(tmp)  # the small files; the shards are in shard_checksums.json, hashed by their writers
+    _fsync_dir(tmp)
+    faults.point("checkpoint.before_rename")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _prune(run_dir, keep_last)
+    return final
+
+
+def verify_checkpoint(path: Path, share: Optional[tuple] = None) -> None:
+    """Raise naming the first corrupt or missing file. `share` (rank, world): the ranks of a resume split the
+    hashing of a sharded checkpoint's shards between them."""
+    verify_checksums(path)
+    if shards.is_sharded(path):
+        shards.verify_shards(path, share)
+
+
 def _fsync_dir(path: Path) -> None:
     for f in path.iterdir():
+        if not f.is_file():
+            continue
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
 
@@ -76,14 +123,14 @@ def _prune(run_dir, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def find_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
-    """never -> None; auto -> latest or None; must -> latest or an error; else a path."""
+def find_resume_checkpoint(run_dir, resume: str, share: Optional[tuple] = None) -> Optional[Path]:
+    """never -> None; auto -> latest or None; must -> latest or an error; else a path. `share`: verify_checkpoint's."""
     if resume == "never":
         return None
     if resume in ("auto", "must"):
         found = complete_checkpoints(run_dir)
         if found:
-            verify_checksums(found[-1])  # a corrupt file is named now, before the target loads
+            verify_checkpoint(found[-1], share)  # a corrupt file is named now, before the target loads
             return found[-1]
         if resume == "must":
             raise ConfigError(
@@ -94,8 +141,19 @@ def find_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
     path = Path(resume)
     if not (path / TRAINER_STATE).exists():
         raise ConfigError(f"resume={resume!r} is not a checkpoint directory (no {TRAINER_STATE}); give a checkpoints/step_<N> path, auto, must or never.")
-    verify_checksums(path)
+    verify_checkpoint(path, share)
     return path
+
+
+def check_resume_sharding(checkpoint: Optional[Path], strategy: str, world_size: int) -> None:
+    """A sharded checkpoint resumes under either strategy (DCP reads it whole into a replicated draft); a
+    model.safetensors one holds its optimizer state keyed for a whole draft, so not into FSDP2 shards."""
+    if checkpoint is None or strategy != "fsdp" or world_size == 1 or shards.is_sharded(checkpoint):
+        return
+    raise ConfigError(
+        f"cannot resume {checkpoint} with train.draft_sharding=fsdp on {world_size} ranks: it was written by a "
+        "train.draft_sharding=ddp run (model.safetensors); resume it with train.draft_sharding=ddp, or on one "
+        "process (which then writes sharded checkpoints), or start a new run_dir.")
 
 
 def load_trainer_state(checkpoint: Path) -> dict:

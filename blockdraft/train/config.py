@@ -81,6 +81,12 @@ class LoopConfig:
     """Steps between checkpoints (0 = only at the end)."""
     keep_last: int = 3
     """Checkpoints kept; older ones are deleted after a successful save."""
+    draft_sharding: str = "ddp"
+    """How the draft spreads over the ranks. ddp: replicated, float32 weights, gradients and AdamW state on every
+    rank (a checkpoint is model.safetensors written by rank 0) | fsdp: FSDP2, each rank holds 1/world of them, the
+    draft gathered in train.dtype for each micro-step and its gradients reduced in float32; every rank writes its
+    shards of the checkpoint (torch.distributed.checkpoint, draft/), which resumes on any world size and exports
+    as a ddp one does. fsdp needs optim.name=adamw (docs/scaling-out.md)."""
     progress: bool = True
     """Progress bar on rank 0."""
     max_nonfinite_steps: int = 3
@@ -116,7 +122,9 @@ class PrepareConfig:
 @dataclass
 class DistributedConfig:
     target_sharding: str = "none"
-    """none (target replicated per rank) | fsdp (decoder layers sharded over the ranks)."""
+    """none (every rank loads the whole target) | fsdp (built on the meta device, each rank reads only its shard of
+    each decoder layer from the safetensors, layers gathered one at a time in the forward: no rank holds the whole
+    target; docs/scaling-out.md)."""
 
 
 @dataclass
@@ -151,7 +159,7 @@ class TrainAppConfig:
     OUTPUT_NEUTRAL = ("train.log_every", "train.save_every", "train.keep_last", "train.progress",
                       "train.max_nonfinite_steps", "train.attention_backend", "train.activation_checkpointing",
                       "train.loss_chunk_size", "distributed.target_sharding", "wandb", "data.cache_dir",
-                      "resume", "overwrite", "name")
+                      "data.tokenize_workers", "resume", "overwrite", "name")
     # How far the run goes: a larger value continues the run from its last checkpoint instead of starting anew.
     EXTENT = ("train.max_steps", "train.max_minutes")
     # What a resume takes from the new config (loop.py _continue_schedule; the clip is read every step): a run

@@ -21,7 +21,8 @@ from blockdraft.models.target_families import load_text_config
 from blockdraft.models.target_heads import TargetHeads
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
-from blockdraft.train.data_loading import GlobalBatches, ensure_builtin_data, load_split, load_store_split, open_training_store
+from blockdraft.train.data_loading import (GlobalBatches, ensure_builtin_data, load_split, load_store_split,
+                                           open_training_store, refuse_builtin_data_by_shard)
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
@@ -34,7 +35,8 @@ from blockdraft.train.step import train_step
 from blockdraft.train.stops import NonFiniteSteps, Preempted
 from blockdraft.train.time_budget import TimeBudget
 from blockdraft.train.training_prompts import run_record, write_run_record
-from blockdraft.train.parallelize import parallelize_draft, shard_target
+from blockdraft.train.parallelize import (full_norm, gradient_sync, load_sharded_target, loads_by_shard, parallelize_draft,
+                                          release_gathered, run_step, shard_target)
 
 
 def run_training(cfg, overrides: Sequence[str] = ()) -> Path:
@@ -90,7 +92,9 @@ class Trainer:
         self.backend = resolve_backend(cfg.train.attention_backend, self.device)
         self.dtype = resolve_dtype(cfg.train.dtype, self.device)
         self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
-        self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume)  # fails before any loading
+        # Fails before any loading; the ranks split the hashing of a sharded checkpoint's shards.
+        self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume, (dist.rank, dist.world_size))
+        ckpt.check_resume_sharding(self.resume_from, cfg.train.draft_sharding, dist.world_size)
         self.saved_state = ckpt.load_trainer_state(self.resume_from) if self.resume_from is not None else None
         if self.saved_state is not None:
             self._keep_global_batch(grad_accum_given)
@@ -114,15 +118,22 @@ class Trainer:
         # The draft is resolved (and every id checked) against the target's config before its weights load.
         self.draft_cfg = resolve_draft_config(cfg.draft, target_hf_cfg, special_token_ids(target_hf_cfg, self.tokenizer))
         store = open_training_store(cfg, target_hf_cfg, self.tokenizer, self.draft_cfg.target_layer_ids) if cfg.data.features else None
-        hf_model = None
-        if store is None:
+        hf_model, by_shard = None, store is None and loads_by_shard(cfg.distributed.target_sharding, self.dist)
+        if by_shard:
+            refuse_builtin_data_by_shard(cfg)
+            # No rank ever holds the whole target: each reads its rows of each layer it keeps.
+            hf_model = load_sharded_target(cfg.target.path, self.draft_cfg.target_layer_ids, cfg.train.kl_weight > 0,
+                                           self.target_dtype, self.dist)
+        elif store is None:
             hf_model = load_causal_lm(cfg.target.path, self.target_dtype, self.device)
             # Rank 0 answers a recipe's built-in prompts while the target is still whole.
             ensure_builtin_data(cfg, hf_model, self.tokenizer, self.dist)
         torch.manual_seed(cfg.seed)
-        self.draft = self._initial_draft(hf_model).to(self.device)  # before sharding: it may copy target layers
+        # Before sharding: it may copy target layers (a target loaded by shard gives them from its files).
+        self.draft = self._initial_draft(None if by_shard else hf_model).to(self.device)
         if store is None:
-            self.target = TargetModel(shard_target(hf_model, cfg.distributed.target_sharding, self.dist), self.draft_cfg.target_layer_ids)
+            sharded = hf_model if by_shard else shard_target(hf_model, cfg.distributed.target_sharding, self.dist)
+            self.target = TargetModel(sharded, self.draft_cfg.target_layer_ids)
         else:
             # From a store only the embeddings and the head are read; the decoder layers never load.
             self.target = TargetHeads.load(cfg.target.path, self.device, self.target_dtype)
@@ -133,6 +144,8 @@ class Trainer:
         if self.draft_cfg.train_mask_embedding and self.resume_from is None and not cfg.init_from:
             self.draft.init_mask_embedding(self.target.embed_tokens.weight, cfg.draft.mask_embedding_init)
         self.draft.activation_checkpointing = cfg.train.activation_checkpointing
+        # Before the optimizer: FSDP2 replaces the draft's parameters with their shards.
+        self.model = parallelize_draft(self.draft, self.dist, cfg.train.draft_sharding, self.dtype)
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -140,7 +153,6 @@ class Trainer:
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
-        self.model = parallelize_draft(self.draft, self.dist)
 
     def _datasets(self, store):
         cfg, b = self.cfg, self.draft_cfg.block_size
@@ -170,7 +182,7 @@ class Trainer:
     def _trainer_state(self) -> dict:
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            **({} if self.sharded_checkpoints else {"optimizer": self.optimizer.state_dict()}),
             "scheduler": self.scheduler.state_dict(),
             "data_position": self.batches.position,
             "torch_rng": torch.get_rng_state(),
@@ -178,7 +190,19 @@ class Trainer:
             "train_seconds": self.budget.spent_s,
         }
 
-    def _save(self) -> None:
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """An fsdp run's checkpoints hold every rank's shards (DCP), on any world size."""
+        return self.cfg.train.draft_sharding == "fsdp"
+
+    def _save(self, last: bool = False) -> None:
+        if self.sharded_checkpoints:
+            release_gathered(self.model)  # the shards are what is saved, not a copy gathered by validation
+            ckpt.save_sharded_checkpoint(self.run_dir, self.step, self.draft, self.optimizer, self._trainer_state(),
+                                         self.cfg_yaml, self.cfg.train.keep_last, self.dist.is_main)
+            if last:  # the other ranks train on while rank 0 finishes a save; the run ends once it has
+                barrier()
+            return
         if self.dist.is_main:
             ckpt.save_checkpoint(self.run_dir, self.step, self.draft, self._trainer_state(), self.cfg_yaml, self.cfg.train.keep_last)
         barrier()
@@ -201,14 +225,20 @@ class Trainer:
         if saved_optim != self.cfg.optim.name:
             raise ConfigError(f"cannot resume from {path}: it was trained with optim.name={saved_optim}, this run sets "
                               f"optim.name={self.cfg.optim.name}; resume with optim.name={saved_optim}, or start a new run_dir.")
+        from blockdraft.models import sharded_io
         from blockdraft.models.io import load_draft
 
-        self.draft.load_state_dict(load_draft(path).state_dict())
+        sharded = sharded_io.is_sharded(path)
+        if sharded:  # resharded onto this run's ranks, the optimizer's state with it
+            sharded_io.read_shards(path, self.draft, self.optimizer)
+        else:
+            self.draft.load_state_dict(load_draft(path).state_dict())
         # Loaded onto the CPU (load_trainer_state): a checkpoint written on a GPU resumes on a CPU-only machine too
         # (the optimizer moves its state to the parameters' device; the RNG state must be a CPU tensor).
         state, self.saved_state = self.saved_state, None
         wanted_lrs = list(self.scheduler.base_lrs)  # this run's optim.lr (and muon_lr), before the saved ones
-        self.optimizer.load_state_dict(state["optimizer"])
+        if not sharded:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.batches.restore(state["data_position"])
         torch.set_rng_state(state["torch_rng"])
@@ -291,7 +321,7 @@ class Trainer:
             if self._stop_agreed():
                 if window is not None:  # the steps since the last line: no later run would log them
                     self._log(window, time.perf_counter() - window_start)
-                self._save()
+                self._save(last=True)
                 raise Preempted(self.step, self.run_dir)
             if self._budget_spent():
                 if window is not None:
@@ -299,7 +329,7 @@ class Trainer:
                 break
         if self.val_data is not None:
             self.validate()
-        self._save()
+        self._save(last=True)
         return self.run_dir
 
     def _budget_spent(self) -> bool:
@@ -328,10 +358,10 @@ class Trainer:
         for micro, (batch, generator) in enumerate(self.batches.next_step()):
             batch = {k: v.to(self.device) for k, v in batch.items()}
             last = micro == cfg.train.grad_accum - 1
-            sync = self.model.no_sync() if (self.dist.enabled and not last) else contextlib.nullcontext()
+            sync = gradient_sync(self.model, last or not self.dist.enabled)
             started = time.perf_counter()
             with sync, self._autocast():
-                result = train_step(self.model, self.target, batch, cfg.train, generator, self.backend)
+                result = run_step(self.model, train_step, self.target, batch, cfg.train, generator, self.backend)
                 (result.loss / cfg.train.grad_accum).backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -347,7 +377,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return totals
         # The norm before clipping (an infinite bound clips nothing): the check below needs it either way.
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.optim.grad_clip or float("inf")).detach()
+        grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.optim.grad_clip or float("inf"))).detach()
         problem = self._nonfinite(totals["loss_sum"], grad_norm)
         if problem:
             # Nothing of this step may reach the weights, the optimizer's moments or the schedule.

@@ -7,6 +7,7 @@ import torch
 from blockdraft.data.dataset import collate
 from blockdraft.train.distributed import all_reduce_sum
 from blockdraft.train.logger import summarize
+from blockdraft.train.parallelize import run_step
 from blockdraft.train.step import train_step
 
 
@@ -25,7 +26,7 @@ def evaluate(trainer, dataset, batch_size: int | None = None) -> dict:
         batch = collate([dataset[i] for i in mine[start:start + size]], pad_id=pad)
         batch = {k: v.to(trainer.device) for k, v in batch.items()}
         with trainer._autocast():
-            result = train_step(model, trainer.target, batch, trainer.cfg.train, generator, trainer.backend)
+            result = run_step(model, train_step, trainer.target, batch, trainer.cfg.train, generator, trainer.backend)
         sums = {k: v.detach().float().cpu() for k, v in result.sums.items()}
         totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
     totals = {k: all_reduce_sum(v.to(trainer.device)).cpu() for k, v in totals.items()}

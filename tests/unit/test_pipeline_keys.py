@@ -32,7 +32,7 @@ TRAINING = [
     "train.loss_type", "train.position_weighting", "train.gamma", "train.loss_normalization", "train.dpace_alpha",
     "train.ce_weight", "train.kl_weight", "train.teacher_top_k", "train.kl_temperature", "train.prefix_weight_base",
     "train.selector_loss_weight", "train.confidence_weight", "train.confidence_target", "train.feature_noise_std",
-    "train.dtype", "train.val_every", "prepare.regenerate_builtin", "prepare.num_train", "prepare.num_val",
+    "train.dtype", "train.val_every", "train.draft_sharding", "prepare.regenerate_builtin", "prepare.num_train", "prepare.num_val",
     "prepare.max_new_tokens", "distributed", "run_dir", "init_from_target", "init_from", "seed",
 ]
 
@@ -69,7 +69,7 @@ KEY_SETTINGS = {
         "config.train.ce_weight", "config.train.kl_weight", "config.train.teacher_top_k",
         "config.train.kl_temperature", "config.train.prefix_weight_base", "config.train.selector_loss_weight",
         "config.train.feature_noise_std", "config.train.dtype", "config.train.val_every",
-        "config.prepare.regenerate_builtin", "config.prepare.num_train", "config.prepare.num_val",
+        "config.train.draft_sharding", "config.prepare.regenerate_builtin", "config.prepare.num_train", "config.prepare.num_val",
         "config.prepare.max_new_tokens", "config.distributed", "config.run_dir", "config.init_from_target",
         "config.init_from", "config.seed", "store", "global_batch",
     ],
@@ -99,6 +99,7 @@ NEUTRAL = [
     "train.log_every=3", "train.save_every=5", "train.keep_last=1", "train.progress=true", "train.max_nonfinite_steps=9",
     "train.attention_backend=sdpa", "train.activation_checkpointing=true", "train.loss_chunk_size=16",
     "distributed.target_sharding=fsdp", "wandb.project=renamed", "wandb.mode=offline", "data.cache_dir=/tmp/elsewhere",
+    "data.tokenize_workers=3",
     "serve.startup_timeout_s=30", "serve.request_timeout_s=30",
 ]
 

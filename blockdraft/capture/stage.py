@@ -1,5 +1,5 @@
 """The capture stage on one rank of any number: every rank loads the target and tokenises the rows, captures
-the shards shard_split.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
+the shards train/parallelize.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
 One process is the world of one."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from blockdraft.capture import store_writer
 from blockdraft.capture.config import CaptureAppConfig
 from blockdraft.capture.forward import RowForward
 from blockdraft.capture.identity import capture_compute_dtype, capture_identity, store_teacher_top_k
-from blockdraft.capture.shard_split import rank_shards, shard_rows
+from blockdraft.capture.shard_split import shard_rows
 from blockdraft.data.dataset import collate, prepare_dataset
 from blockdraft.data.feature_store import STORAGE_DTYPES, FeatureStore
 from blockdraft.data.store_identity import split_source
@@ -27,6 +27,7 @@ from blockdraft.models.draft_config import check_layer_ids
 from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.models.target_checks import resolve_target_dtype
 from blockdraft.train.distributed import barrier, broadcast_object, init_distributed
+from blockdraft.train.parallelize import rank_shards
 
 
 def all_gather_lists(local: list) -> list:

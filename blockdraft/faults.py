@@ -8,7 +8,8 @@ unless the environment variable BLOCKDRAFT_FAULT names that point:
     <hit>     which pass through the point fires (1 = the first, the default); N+ = every pass from the Nth
     <action>  kill      SIGKILL this process (no handler, no cleanup: as the OOM killer does)
               term      SIGTERM this process (what a scheduler sends before preempting)
-              sleep=S   pause S seconds, so a test can kill the process at exactly this moment
+              sleep=S   pause S seconds, so a test can kill the process at exactly this moment; a signal
+                        the process handles (SIGTERM) ends the pause, and its handler's work goes on at once
               raise     raise FaultInjected
               nan[=R]   at a value point (`faults.corrupt`): the value becomes NaN, on every rank or
                         on rank R only (the RANK torchrun sets), as a bad row or a bad kernel would
@@ -120,6 +121,26 @@ def _mark(name: str, what: str) -> None:
     print(f"[fault] {name}: {what}", file=sys.stderr, flush=True)
 
 
+def _pause(seconds: float) -> None:
+    """Sleep `seconds`, or until a signal with a Python handler arrives: time.sleep resumes after the handler
+    (PEP 475), which would hold a SIGTERM test idle for the rest of the pause before the stop it asked for."""
+    import select
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        previous = signal.set_wakeup_fd(write_end)  # the interpreter writes a byte there on each signal
+    except ValueError:  # not the main thread: no wake-up fd to be had
+        os.close(read_end), os.close(write_end)
+        time.sleep(seconds)
+        return
+    try:
+        select.select([read_end], [], [], seconds)
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read_end), os.close(write_end)
+
+
 def _act(name: str, action: str, seconds: float) -> None:
     if action == "nan":
         raise ValueError(f"{ENV}: {name} is not a value point; nan applies only where code calls faults.corrupt")
@@ -129,6 +150,6 @@ def _act(name: str, action: str, seconds: float) -> None:
     elif action == "term":
         os.kill(os.getpid(), signal.SIGTERM)
     elif action == "sleep":
-        time.sleep(seconds)
+        _pause(seconds)
     else:
         raise FaultInjected(f"fault injected at {name} ({ENV})")

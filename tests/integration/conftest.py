@@ -106,14 +106,24 @@ REDUCED_VOCAB = 28
 def reduced_vocab_export(fp32_store, tmp_path_factory):
     """(run, export) of a reduced-vocabulary draft trained from a store: the reduced-vocabulary tests
     read its run and export, and the eval test serves it."""
-    import subprocess
-
     root = tmp_path_factory.mktemp("reduced")
     run = train_tiny(root / "run", "train.max_steps=120", f"data.features={fp32_store}", f"draft.draft_vocab_size={REDUCED_VOCAB}")
-    export = root / "reduced_vocab"
-    subprocess.run([sys.executable, "-m", "blockdraft.export", f"checkpoint={run}", f"out={export}", "dtype=float32"],
-                   cwd=REPO, check=True, capture_output=True)
-    return run, export
+    return run, export_here(run, root / "reduced_vocab")
+
+
+def export_here(checkpoint, out, *extra):
+    """`blockdraft export checkpoint=... out=... dtype=float32` in this process (a new interpreter's imports cost
+    more than the export of a tiny draft); `out`, once it succeeded."""
+    from tests.unit.command_check import run_app
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        status, printed = run_app("export", [f"checkpoint={checkpoint}", f"out={out}", "dtype=float32", *extra])
+    finally:
+        os.chdir(cwd)
+    assert status == 0, printed[-3000:]
+    return out
 
 
 def python() -> str:

@@ -1,21 +1,43 @@
 """No step writes non-finite weights: a NaN loss (injected at the `train.loss` fault point) is skipped
 with nothing applied, and a run of them stops the run with the last good checkpoint the newest."""
 
+import contextlib
+import io
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
+from blockdraft import faults
 from blockdraft.train.checkpoint import complete_checkpoints
 from blockdraft.train.logger import read_metrics
+from tests.integration.conftest import REPO, tiny_overrides
 from tests.integration.test_train_tiny import _launch
 
 
 def _run(run_dir, fault, *args, nproc=1):
-    proc = _launch(["data.val=null", "train.log_every=1", "train.save_every=1", "train.keep_last=10", *args], run_dir,
-                   nproc=nproc, extra_env={"BLOCKDRAFT_FAULT": fault})
+    """(exit status, output) of `blockdraft train` with the fault plan `fault`: one rank in this process (a new
+    interpreter's imports would cost more than its few steps), more under torchrun."""
+    words = ["data.val=null", "train.log_every=1", "train.save_every=1", "train.keep_last=10", *args]
+    if nproc == 1:
+        return _train_here(run_dir, fault, *words)
+    proc = _launch(words, run_dir, nproc=nproc, extra_env={faults.ENV: fault})
     out, _ = proc.communicate(timeout=600)
     return proc.returncode, out.decode()
+
+
+def _train_here(run_dir, fault, *words):
+    from blockdraft import cli
+
+    out = io.StringIO()
+    faults._hits.clear()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        mp.chdir(REPO)
+        mp.setenv(faults.ENV, fault)
+        code = cli.main(["train", *tiny_overrides(run_dir, *words)])
+    faults._hits.clear()
+    return code, out.getvalue()
 
 
 def _checkpoint(run_dir, step):

@@ -3,8 +3,6 @@ for DFlash2 (never plain DFlash), and without the plugin the preflight says what
 (A Qwen3DFlashDraftModel draft served losslessly through the plugin: test_eval.py's "barely".)"""
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -15,7 +13,7 @@ from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import plan_serving
 from blockdraft.vllm_runtime.probe import probe_vllm
 from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, export_here
 from tests.integration.renamed_draft import renamed_copy
 from tests.unit.test_serve_preflight import write_draft
 
@@ -28,9 +26,7 @@ pytestmark = [
 
 
 def test_a_dflash2_draft_saved_as_qwen3dflash2draftmodel_is_taken_for_dflash2(tiny_dflash2_run, tmp_path):
-    export = tmp_path / "export"
-    subprocess.run([sys.executable, "-m", "blockdraft.export", f"checkpoint={tiny_dflash2_run}", f"out={export}",
-                    "dtype=float32"], cwd=REPO, check=True, capture_output=True)
+    export = export_here(tiny_dflash2_run, tmp_path / "export")
     draft = renamed_copy(export, tmp_path / "alias", "Qwen3DFlash2DraftModel")
     args, env = server_settings("cpu", max_model_len=512, max_num_seqs=2, kv_cache_gib=1)
     log = tmp_path / "vllm.log"

@@ -6,13 +6,11 @@ loads the draft in the real engine and compares its parameters with the file.
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, export_here
 from tests.integration.serving_env import serving_run
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"
@@ -32,10 +30,7 @@ def check_weights(draft):
 
 @pytest.fixture(scope="module")
 def export(tiny_dflash_run, tmp_path_factory):
-    out = tmp_path_factory.mktemp("weight_load") / "export"
-    subprocess.run([sys.executable, "-m", "blockdraft.export", f"checkpoint={tiny_dflash_run}", f"out={out}", "dtype=float32"],
-                   cwd=REPO, check=True, capture_output=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
-    return out
+    return export_here(tiny_dflash_run, tmp_path_factory.mktemp("weight_load") / "export")
 
 
 def test_export_loads_in_vllm_with_every_weight(export):

@@ -9,7 +9,9 @@ or missing path a path under a scratch folder.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import hashlib
 import io
 import json
 import re
@@ -182,12 +184,46 @@ def run_app(app: str, args: List[str]) -> tuple:
     from blockdraft import cli
 
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), prompt_plan_read_once():
         try:
             status = cli.main([app, *args])
         except SystemExit as done:
             status = done.code if isinstance(done.code, int) else 1
     return status, out.getvalue()
+
+
+# The pipeline's and the demo's preflight plans regen's prompt splits: it reads ShareGPT's 11k conversations and
+# templates and tokenises thousands of them (about 5 s a check), the same ones in every check of this process.
+# Both are read once here: the plan is still the app's own, computed from what it would have read.
+_CONVERSATIONS: dict = {}  # (set, limit) -> conversations, for the packaged sets only (a file may change)
+_PROMPT_IDS: dict = {}  # (tokenizer, template, its variables, the messages) -> token ids
+
+
+@contextlib.contextmanager
+def prompt_plan_read_once():
+    from unittest import mock
+
+    from blockdraft.regen import prompt_plan
+
+    read, tokenise = prompt_plan.source_conversations, prompt_plan.prompt_ids
+
+    def source_conversations(spec: str, limit: int):
+        if spec not in ("sharegpt", "tiny_prompts"):
+            return read(spec, limit)
+        if (spec, limit) not in _CONVERSATIONS:
+            _CONVERSATIONS[spec, limit] = read(spec, limit)
+        return list(_CONVERSATIONS[spec, limit])
+
+    def prompt_ids(tokenizer, messages, chat_template_kwargs=None):
+        key = (tokenizer.name_or_path, len(tokenizer), tokenizer.chat_template, json.dumps(chat_template_kwargs, sort_keys=True),
+               hashlib.sha256(json.dumps(messages).encode()).digest())
+        if key not in _PROMPT_IDS:  # compact: some 20k prompts of a few hundred tokens each
+            _PROMPT_IDS[key] = array.array("l", tokenise(tokenizer, messages, chat_template_kwargs))
+        return list(_PROMPT_IDS[key])
+
+    with mock.patch.object(prompt_plan, "source_conversations", source_conversations), \
+            mock.patch.object(prompt_plan, "prompt_ids", prompt_ids):
+        yield
 
 
 def check(command: Command, concrete: Concrete) -> Optional[str]:

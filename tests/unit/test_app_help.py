@@ -8,6 +8,7 @@ import yaml
 
 from blockdraft import cli
 from blockdraft.models.tiny_target import save_tiny_target
+from tests.unit.command_check import prompt_plan_read_once
 
 # In this process the suite has imported the app modules already, which runpy warns of; a console run has not.
 pytestmark = pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")
@@ -94,7 +95,8 @@ def test_subcommands_print_their_settings_for_cfg_job(target_dir, tmp_path, caps
     needles = {"pipeline": "# --- train:", "gate": "# --- training", "suggest": "num_draft_layers: 5", "demo": "smollm2_dflash_cpu",
                "inspect": f"inspect: {tmp_path}"}
     for name, argv in cases.items():
-        code, out, err = run(capsys, *argv)
+        with prompt_plan_read_once():  # the demo's preflight plans its prompts as the doc commands' checks do
+            code, out, err = run(capsys, *argv)
         assert code == 0, (name, err)
         assert needles[name] in out, name
     assert not list((tmp_path).iterdir()), "a --cfg job wrote something"

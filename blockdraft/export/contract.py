@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Tuple
 
+from blockdraft.export.lilicorr_contract import lilicorr_head_shapes
 from blockdraft.models.draft_config import DraftModelConfig
 
 Shape = Tuple[int, ...]
@@ -29,7 +30,7 @@ def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
     }
     for i in range(cfg.num_hidden_layers):
         shapes.update(_layer_shapes(cfg, f"layers.{i}."))
-        if cfg.kind == "dflash2":
+        if cfg.kind == "dflash2" or (cfg.kind == "lilicorr" and cfg.conv_kernel_size):
             shapes.update(_conv_shapes(cfg, f"layers.{i}."))
     if cfg.kind == "dflash2":
         shapes.update(_selector_shapes(cfg))
@@ -37,6 +38,8 @@ def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
         shapes.update(_correction_shapes(cfg))
     if cfg.kind == "dspark":
         shapes.update(_dspark_head_shapes(cfg))
+    if cfg.kind == "lilicorr":
+        shapes.update(lilicorr_head_shapes(cfg))
     if cfg.train_mask_embedding:
         # In a checkpoint a tensor like any other; an export keeps it in mask_embedding.pt.
         shapes["mask_embedding"] = (h,)

@@ -38,6 +38,7 @@ V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 V2_ONLY = {
     "dflash2": "its candidate selector runs only in V2's DFlash2 speculator; V1 refuses `DFlash candidate-head drafts`",
     "dspark": "its speculator exists only in V2; V1 refuses `dspark speculative decoding`",
+    "lilicorr": "its lattice head runs only in V2's LiLiCorr speculator; V1 refuses `DFlash candidate-head drafts`",
 }
 TARGET_PLACEHOLDER = "<target>"
 # Other stacks' names for our kinds, which vLLM serves only through vllm_plugin/ (its ALIASES).

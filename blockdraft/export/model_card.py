@@ -62,7 +62,8 @@ def _serve_lines(cfg: DraftModelConfig, target: Optional[str], out_dir: Path) ->
 
 def kind_title(cfg: DraftModelConfig) -> str:
     return {"dflash": "DFlash", "dflash2": "DFlash2", "jetspec": "JetSpec (causal DFlash)",
-            "domino": "Domino (DFlash + GRU correction)", "dspark": "DSpark (DFlash + Markov and confidence heads)"}.get(cfg.kind, cfg.kind)
+            "domino": "Domino (DFlash + GRU correction)", "dspark": "DSpark (DFlash + Markov and confidence heads)",
+            "lilicorr": "LiLiCorr (DFlash + candidate-lattice head)"}.get(cfg.kind, cfg.kind)
 
 
 def _metric_lines(source: CheckpointSource) -> list:

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_with_causality
 from blockdraft.export.dspark_config import dspark_backbone_keys, dspark_keys, read_dspark
+from blockdraft.export.lilicorr_config import lilicorr_keys, read_lilicorr
 from blockdraft.export.reference_only import domino_dflash_config, read_domino, reference_only_keys
 from blockdraft.export.speculators_format import is_speculators_config, vllm_style_config
 from blockdraft.models.draft_config import DraftModelConfig
@@ -24,7 +25,9 @@ EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftMo
                         # Not in vLLM's registry: the reference engine serves it (export/reference_only.py).
                         "domino": "DominoDraftModel",
                         # vLLM's `method: dspark` drafter (qwen3_dspark.py), served by its V2 GPU runner.
-                        "dspark": "Qwen3DSparkModel"}
+                        "dspark": "Qwen3DSparkModel",
+                        # vLLM's LiLiCorrForCausalLM (lilicorr.py): `method: dflash`, served by its V2 GPU runner.
+                        "lilicorr": "LiLiCorrDraftModel"}
 # What the importer reads: the registry names plus the training stacks' Qwen3-prefixed names.
 IMPORT_ARCHITECTURES = {
     "DFlashDraftModel": "dflash",
@@ -34,9 +37,11 @@ IMPORT_ARCHITECTURES = {
     "DominoDraftModel": "domino",
     "Qwen3DSparkModel": "dspark",
     "Qwen3DSparkDraftModel": "dspark",
+    "LiLiCorrDraftModel": "lilicorr",
 }
 DFLASH2_REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DFLASH2_FIELDS = DFLASH2_REQUIRED + ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
+CONV_KEYS = ("conv_kernel_size", "conv_group_size")
 # transformers' Qwen3Config default, which vLLM inherits when a config has no rope_theta.
 QWEN3_DEFAULT_ROPE_THETA = 10000.0
 
@@ -112,6 +117,8 @@ def _dflash_config(cfg: DraftModelConfig) -> dict:
         "target_layer_ids": list(cfg.target_layer_ids),
         "block_size": cfg.block_size,
     }
+    if cfg.kind == "lilicorr":
+        return {**out, **lilicorr_keys(cfg)}
     if cfg.kind != "dflash2":
         return out
     out.update({key: getattr(cfg, key) for key in DFLASH2_REQUIRED})
@@ -123,6 +130,15 @@ def _dflash_config(cfg: DraftModelConfig) -> dict:
     if cfg.final_logit_softcapping:
         out["final_logit_softcapping"] = cfg.final_logit_softcapping
     return out
+
+
+def dflash2_fields_not_written(kind: str) -> tuple:
+    """The DFlash2 fields a `kind` export does not carry (its import holds the dataclass defaults)."""
+    if kind == "dflash2":
+        return ()
+    if kind == "lilicorr":
+        return tuple(k for k in DFLASH2_FIELDS if k not in CONV_KEYS)
+    return DFLASH2_FIELDS
 
 
 # --- the way back -------------------------------------------------------------------
@@ -181,6 +197,8 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
         read_domino(cfg, dflash, where)
     if kind == "dspark":
         read_dspark(cfg, config, where)
+    if kind == "lilicorr":
+        read_lilicorr(cfg, dflash, where)
     return cfg.validate()
 
 

@@ -4,11 +4,13 @@ from blockdraft.models.dflash import DFlashDraftModel
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.dspark import DSparkDraftModel
+from blockdraft.models.lilicorr import LiLiCorrDraftModel
 from blockdraft.models.draft_config import DRAFT_KINDS, DraftModelConfig, check_kind
 
 # JetSpec is DFlash with causal attention inside the block (`DraftModelConfig.is_causal`): same weights.
 DRAFT_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel, "jetspec": DFlashDraftModel,
-                 "domino": DominoDraftModel, "dspark": DSparkDraftModel}
+                 "domino": DominoDraftModel, "dspark": DSparkDraftModel,
+                 "lilicorr": LiLiCorrDraftModel}
 
 
 def build_draft(cfg: DraftModelConfig):

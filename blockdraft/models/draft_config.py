@@ -12,12 +12,15 @@ from typing import List, Optional
 
 from blockdraft.errors import ConfigError
 
-DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino", "dspark")
+DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino", "dspark", "lilicorr")
 # vLLM 0.32 implements only the first-order Markov head for Qwen3 DSpark drafts (qwen3_dspark.py).
 MARKOV_HEAD_TYPES = ("vanilla",)
 # The settings that shape a DSpark draft beyond its DFlash backbone (its weights and its block layout).
 DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
                     "sample_from_anchor")
+# LiLiCorr's head settings: vLLM's dflash_config keys of the same names (lilicorr_enabled aside).
+LILICORR_KEYS = ("lilicorr_hidden_size", "lilicorr_candidate_topk", "lilicorr_num_heads", "lilicorr_mlp_ratio",
+                 "lilicorr_factor_dim", "lilicorr_vector_eps", "lilicorr_logit_scale", "lilicorr_num_layers")
 
 
 @dataclass
@@ -62,6 +65,24 @@ class DraftModelConfig:
     confidence_head_with_markov: bool = True
     sample_from_anchor: bool = True
     dspark_draft_topk: Optional[int] = None
+    # LiLiCorr only (models/lilicorr.py): vLLM's `lilicorr_*` dflash_config keys of its candidate-lattice head.
+    # conv_kernel_size / conv_group_size above are its optional in-block convolution (both 0 = none).
+    lilicorr_hidden_size: Optional[int] = None
+    """LiLiCorr: width of the lattice transformer; null = the draft's hidden_size."""
+    lilicorr_candidate_topk: int = 8
+    """LiLiCorr: candidates per drafted slot (a power of two <= 16, as vLLM requires)."""
+    lilicorr_num_heads: int = 4
+    """LiLiCorr: attention heads of the lattice transformer; must divide its width."""
+    lilicorr_mlp_ratio: float = 2.0
+    """LiLiCorr: the lattice MLP's width over the lattice width."""
+    lilicorr_factor_dim: int = 64
+    """LiLiCorr: width of the normalized outgoing/incoming vectors whose dot products score transitions."""
+    lilicorr_vector_eps: float = 1e-6
+    """LiLiCorr: the epsilon of those vectors' normalization."""
+    lilicorr_logit_scale: float = 10.0
+    """LiLiCorr: the scale turning the vectors' cosine (in [-1, 1]) into selector logits."""
+    lilicorr_num_layers: int = 2
+    """LiLiCorr: layers of the lattice transformer."""
     # Token ids the mask token must never alias (pad/eos/bos); checked, not serialised.
     forbidden_mask_ids: List[int] = field(default_factory=list)
 
@@ -87,12 +108,19 @@ class DraftModelConfig:
             self._validate_domino()
         if self.kind == "dspark":
             self._validate_dspark()
+        if self.kind == "lilicorr":
+            self._validate_lilicorr()
         if self.draft_vocab_size is not None:
             self._validate_draft_vocab()
         return self
 
     def _validate_draft_vocab(self) -> None:
         n = self.draft_vocab_size
+        if self.kind == "lilicorr":
+            raise ConfigError(
+                f"draft.draft_vocab_size={n} with draft.kind=lilicorr: vLLM's LiLiCorr scores candidates from the "
+                "target's full head and embedding; keep the full vocabulary (draft_vocab_size=null) or train dflash."
+            )
         if self.kind == "dflash2":
             raise ConfigError(
                 f"draft.draft_vocab_size={n} with draft.kind={self.kind}: vLLM's DFlash2 takes its candidate "
@@ -105,13 +133,7 @@ class DraftModelConfig:
             )
 
     def _validate_dflash2(self) -> None:
-        if self.hidden_size % self.conv_group_size:
-            raise ConfigError(
-                f"draft.conv_group_size={self.conv_group_size} does not divide hidden_size="
-                f"{self.hidden_size}; choose a divisor of {self.hidden_size}."
-            )
-        if self.conv_kernel_size < 1:
-            raise ConfigError(f"draft.conv_kernel_size={self.conv_kernel_size}: set it >= 1 (2 is usual).")
+        self._validate_dflash2_conv()
         if not 1 <= self.selector_top_k <= self.vocab_size:
             raise ConfigError(
                 f"draft.selector_top_k={self.selector_top_k} is outside [1, vocab_size={self.vocab_size}]; "
@@ -119,6 +141,15 @@ class DraftModelConfig:
             )
         if self.selector_rank < 1:
             raise ConfigError(f"draft.selector_rank={self.selector_rank}: set it >= 1 (64 is usual).")
+
+    def _validate_dflash2_conv(self) -> None:
+        if self.hidden_size % self.conv_group_size:
+            raise ConfigError(
+                f"draft.conv_group_size={self.conv_group_size} does not divide hidden_size="
+                f"{self.hidden_size}; choose a divisor of {self.hidden_size}."
+            )
+        if self.conv_kernel_size < 1:
+            raise ConfigError(f"draft.conv_kernel_size={self.conv_kernel_size}: set it >= 1 (2 is usual).")
 
     def _validate_domino(self) -> None:
         if self.draft_vocab_size is not None:
@@ -154,6 +185,40 @@ class DraftModelConfig:
                 f"draft.dspark_draft_topk={self.dspark_draft_topk} must be in [1, {vocab}] (the draft's vocabulary), "
                 "or null to apply the Markov head to every token, as vLLM checks (config/speculative.py)."
             )
+
+    def _validate_lilicorr(self) -> None:
+        taps, groups = self.conv_kernel_size, self.conv_group_size
+        if taps < 0 or groups < 0 or bool(taps) != bool(groups):
+            raise ConfigError(
+                f"draft.conv_kernel_size={taps} with draft.conv_group_size={groups}: vLLM's LiLiCorr needs both "
+                "(the DFlash2 convolution) or neither (plain DFlash layers); set both > 0, or both to 0."
+            )
+        if taps:
+            self._validate_dflash2_conv()
+        k = self.lilicorr_candidate_topk
+        if not (1 <= k <= 16 and k & (k - 1) == 0) or k > self.vocab_size:
+            raise ConfigError(
+                f"draft.lilicorr_candidate_topk={k}: vLLM's LiLiCorr takes a power of two <= 16 (and within the "
+                f"vocabulary of {self.vocab_size}); set 1, 2, 4, 8 or 16."
+            )
+        # num_speculative_tokens < block_size holds by construction: this layout drafts block_size - 1 slots
+        # (drafted_per_round), and serve/preflight.py refuses a requested count above the trained one.
+        width, heads = self.lilicorr_width, self.lilicorr_num_heads
+        if heads < 1 or width % heads:
+            raise ConfigError(
+                f"draft.lilicorr_num_heads={heads} does not divide the lattice width {width} "
+                "(draft.lilicorr_hidden_size, or hidden_size when null); pick a divisor of it."
+            )
+        for key in ("lilicorr_factor_dim", "lilicorr_num_layers"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"draft.{key}={getattr(self, key)}: set it >= 1 (64 and 2 are the defaults).")
+        if int(width * self.lilicorr_mlp_ratio) < 1:
+            raise ConfigError(f"draft.lilicorr_mlp_ratio={self.lilicorr_mlp_ratio}: set it > 0 (2.0 is the default).")
+
+    @property
+    def lilicorr_width(self) -> int:
+        """The lattice transformer's width: vLLM reads `lilicorr_hidden_size or hidden_size`."""
+        return self.lilicorr_hidden_size or self.hidden_size
 
     @property
     def num_speculative_tokens(self) -> int:

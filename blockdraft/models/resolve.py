@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from blockdraft.models.draft_config import DraftModelConfig, check_kind, default_layer_ids
+from blockdraft.models.draft_config import LILICORR_KEYS, DraftModelConfig, check_kind, default_layer_ids
 
 
 @dataclass
@@ -17,7 +17,7 @@ class DraftConfig:
     """Schema of the `draft` config group."""
 
     kind: str = "dflash"
-    """One of DRAFT_KINDS (models/draft_config.py): dflash | dflash2 | jetspec | domino | dspark."""
+    """One of DRAFT_KINDS (models/draft_config.py): dflash | dflash2 | jetspec | domino | dspark | lilicorr."""
     num_layers: int = 1
     """Draft decoder layers."""
     block_size: int = 16
@@ -41,9 +41,9 @@ class DraftConfig:
     sliding_window: Optional[int] = None
     """Sliding-window attention for the draft (null = full attention)."""
     conv_kernel_size: int = 2
-    """DFlash2: taps of the in-block convolution."""
+    """DFlash2, LiLiCorr: taps of the in-block convolution (LiLiCorr: 0, with conv_group_size 0, for none)."""
     conv_group_size: int = 16
-    """DFlash2: channels sharing one dynamic coefficient; must divide hidden_size."""
+    """DFlash2, LiLiCorr: channels sharing one dynamic coefficient; must divide hidden_size."""
     selector_rank: int = 64
     """DFlash2: rank of the pairwise selector codebooks."""
     selector_top_k: int = 8
@@ -71,6 +71,22 @@ class DraftConfig:
     the DFlash layout (block_size - 1 drafts from the MASK slots)."""
     dspark_draft_topk: Optional[int] = None
     """DSpark: apply the Markov head to the backbone's k best tokens only (vLLM's dspark_draft_topk); null = all."""
+    lilicorr_hidden_size: Optional[int] = None
+    """LiLiCorr: width of the candidate-lattice transformer; null = the draft's hidden_size."""
+    lilicorr_candidate_topk: int = 8
+    """LiLiCorr: candidates per drafted slot the lattice scores (a power of two <= 16)."""
+    lilicorr_num_heads: int = 4
+    """LiLiCorr: attention heads of the lattice transformer; must divide its width."""
+    lilicorr_mlp_ratio: float = 2.0
+    """LiLiCorr: the lattice MLP's width over the lattice width."""
+    lilicorr_factor_dim: int = 64
+    """LiLiCorr: width of the normalized vectors whose dot products score slot-to-slot transitions."""
+    lilicorr_vector_eps: float = 1e-6
+    """LiLiCorr: epsilon of those vectors' normalization."""
+    lilicorr_logit_scale: float = 10.0
+    """LiLiCorr: scale from the vectors' cosine (in [-1, 1]) to the path walk's logits."""
+    lilicorr_num_layers: int = 2
+    """LiLiCorr: layers of the lattice transformer."""
 
 
 def _rope_theta(target_config) -> float:
@@ -110,6 +126,13 @@ def _dspark_settings(draft: DraftConfig) -> dict:
         "sample_from_anchor": draft.sample_from_anchor,
         "dspark_draft_topk": draft.dspark_draft_topk,
     }
+
+
+def _lilicorr_settings(draft: DraftConfig) -> dict:
+    # Other kinds keep the dataclass defaults, so their saved configs (and resume checks) never change.
+    if draft.kind != "lilicorr":
+        return {}
+    return {key: getattr(draft, key) for key in LILICORR_KEYS}
 
 
 def resolve_layer_ids(draft: DraftConfig, target_config) -> List[int]:
@@ -158,6 +181,7 @@ def resolve_draft_config(
         selector_top_k=draft.selector_top_k,
         **_domino_sizes(draft, hidden),
         **_dspark_settings(draft),
+        **_lilicorr_settings(draft),
         # Supported targets (Qwen/Llama families) have no embedding scale or logit transform,
         # so input_embedding_scale / output_multiplier / softcapping keep their identity defaults.
         forbidden_mask_ids=list(forbidden_mask_ids),

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Dict, Iterable
 
-from blockdraft.models.draft_config import DSPARK_HEAD_KEYS
+from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, LILICORR_KEYS
 from blockdraft.pipeline.settings import PipelineSettings
 
 
@@ -69,7 +69,8 @@ def capture_inputs(s: PipelineSettings, cfg) -> dict:
 # Settings that shape one draft kind only: keyed for that kind, left out for the others, so that a
 # finished run of another kind keeps its key when they were added.
 KIND_ONLY = {"dspark": (*(f"draft.{key}" for key in (*DSPARK_HEAD_KEYS, "dspark_draft_topk")),
-                        "train.confidence_weight", "train.confidence_target")}
+                        "train.confidence_weight", "train.confidence_target"),
+             "lilicorr": tuple(f"draft.{key}" for key in LILICORR_KEYS)}
 
 
 # One rank's share of the global batch: the key holds the global batch instead (rows per optimizer step, what the
@@ -124,7 +125,16 @@ def gate_inputs(s: PipelineSettings, cfg, training, target_fingerprint: str, ser
 
     own = without(cfg, (*type(cfg).OUTPUT_NEUTRAL, "train_overrides"))  # the overrides as `training` composes them
     return placeheld({"target": target_fingerprint, "serving": serving_stack, "config": own,
-                      "training": without(training, TrainAppConfig.OUTPUT_NEUTRAL)}, s)
+                      "training": without(training, (*TrainAppConfig.OUTPUT_NEUTRAL, *gate_other_kinds(training)))}, s)
+
+
+# Kind settings added after the gate's key held every draft setting: left out of it for the other kinds, so
+# their gates keep their keys.
+GATE_KIND_ONLY = ("lilicorr",)
+
+
+def gate_other_kinds(training) -> tuple:
+    return tuple(key for kind in GATE_KIND_ONLY if kind != training.draft.kind for key in KIND_ONLY[kind])
 
 
 def serve_inputs(s: PipelineSettings, cfg) -> dict:

@@ -1,5 +1,5 @@
 """Reference speculative decoding: a target with a KV cache (re-read in full where it has
-recurrent layers: `target_state`), a DFlash(2) / Domino / DSpark draft with a cache of its
+recurrent layers: `target_state`), a DFlash(2) / Domino / DSpark / LiLiCorr draft with a cache of its
 projected context, batch size 1. Lossless by construction; tested token for token against the
 target's own decode.
 
@@ -24,6 +24,7 @@ from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.dspark import DSparkDraftModel
 from blockdraft.models.layers import single_block_mask
+from blockdraft.models.lilicorr import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
 from blockdraft.serve.target_state import TargetState
@@ -113,6 +114,8 @@ class DraftContext:
 
     def extend(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         new = self.draft.context_kv(features, positions)
+        # The features of the last context position: LiLiCorr's anchor state (before the anchor).
+        self.last_features = features[:, -1]
         if self.kv is None:
             self.kv, self.positions = new, positions
             return
@@ -213,6 +216,8 @@ class SpeculativeEngine:
                 hidden, torch.tensor([anchor]), self.target.embed_tokens, self.target.lm_head_weight, pick
             )
             return tokens[0], q[0], None
+        if isinstance(self.draft, LiLiCorrDraftModel):
+            return self._walk_lattice(ctx, hidden, params, gen)
         logits = self.draft.logits(hidden, self.target.lm_head_weight)  # [1, K, V]
         if isinstance(self.draft, DFlash2DraftModel):
             tokens, q = self.draft.candidate_selector.walk(
@@ -221,6 +226,17 @@ class SpeculativeEngine:
             return tokens[0], q[0], None
         q = probabilities(logits[0], params)  # [K, V]
         return draw(q, gen), q, None
+
+    def _walk_lattice(self, ctx: DraftContext, hidden: torch.Tensor, params, gen):
+        """LiLiCorr: the head scores the lattice of each slot's top-k, and the walk picks one path through it
+        (vLLM's LiLiCorr speculator); q_i is the walk's distribution over slot i's candidates given the
+        candidate picked before it, as vLLM caches it for rejection."""
+        anchor_hidden = self.draft.project_context(ctx.last_features)  # [1, H]: the state before the anchor
+        ids, scores = self.draft.lattice_scores(hidden, self.target.lm_head_weight, self.target.embed_tokens,
+                                                anchor_hidden)
+        tokens, p = walk(scores, ids, 0.0 if params.greedy else params.temperature, gen)
+        q = torch.zeros(self.k, self.draft.config.vocab_size).scatter_(-1, ids[0], p[0])
+        return tokens[0], q, None
 
     @staticmethod
     def _verify(proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gen) -> tuple:

@@ -194,8 +194,8 @@ def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record
         binding = omp_binding(Path(cfg.out) / log_name(phase, 1))
         if binding:
             record.environment["vllm_omp_binding"][phase] = binding
-    if plan.draft.kind in ("dflash2", "dspark") and runner != "v2":
-        name = "DFlash2" if plan.draft.kind == "dflash2" else "DSpark"
+    if plan.draft.kind in ("dflash2", "dspark", "lilicorr") and runner != "v2":
+        name = {"dflash2": "DFlash2", "dspark": "DSpark", "lilicorr": "LiLiCorr"}[plan.draft.kind]
         record.extra_failures.append(
             f"the {name} draft was not served by vLLM's V2 model runner (log says: {runner or 'no runner line'}); "
             "only that runner runs it as trained. Serve on a GPU vLLM with Triton."

@@ -17,6 +17,7 @@ from blockdraft.export.causality import kind_with_causality
 from blockdraft.export.reference_only import REASONS, vllm_servable
 from blockdraft.export.writer import EXPORT_INFO
 from blockdraft.integrity import verify_checksums
+from blockdraft.models.draft_config import LILICORR_KEYS
 from blockdraft.models.target_families import num_layers_in
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.draft_aliases import ALIASES, alias_problem
@@ -24,12 +25,12 @@ from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
 
 # DominoDraftModel is the project's own name: its exports go to the reference engine (choose_engine).
 DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2", "DominoDraftModel": "domino",
-               "Qwen3DSparkModel": "dspark"}
+               "Qwen3DSparkModel": "dspark", "LiLiCorrDraftModel": "lilicorr"}
 # Other training stacks' names, served unchanged through vllm_plugin/ (draft_aliases.py).
 DRAFT_KINDS.update({alias: DRAFT_KINDS[name] for alias, name in ALIASES.items()})
 VLLM_DFLASH_KINDS = ("dflash", "jetspec")  # vLLM's DFlashDraftModel serves both
 # Kinds only vLLM's V2 model runner serves (it needs a Triton GPU backend), with the class each needs.
-V2_RUNNER_ARCHITECTURES = {"dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}
+V2_RUNNER_ARCHITECTURES = {"dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel", "lilicorr": "LiLiCorrDraftModel"}
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
@@ -125,6 +126,12 @@ def read_draft(directory: str | Path) -> DraftFacts:
     if missing:
         raise ConfigError(
             f"{where}: a DFlash2 draft needs dflash_config.{missing[0]} (all of {list(DFLASH2_KEYS)}); re-export it."
+        )
+    missing = [k for k in LILICORR_KEYS if kind == "lilicorr" and dflash.get(k) is None]
+    if missing:
+        raise ConfigError(
+            f"{where}: a LiLiCorr draft needs dflash_config.{missing[0]} (all of {list(LILICORR_KEYS)}; vLLM reads "
+            "each without a default); re-export it."
         )
     hidden = int(config["hidden_size"])
     return DraftFacts(
@@ -335,7 +342,7 @@ def choose_engine(
     why = "it has no Triton GPU backend" if info.device == "cpu" or not info.has_triton else "its V2 model runner is off"
     if V2_RUNNER_ARCHITECTURES.get(draft.kind) not in info.dflash_archs and info.runs_v2_runner:
         why = f"its registry has no {V2_RUNNER_ARCHITECTURES.get(draft.kind)}"
-    name = {"dflash2": "DFlash2", "dspark": "DSpark"}.get(draft.kind, draft.kind)
+    name = {"dflash2": "DFlash2", "dspark": "DSpark", "lilicorr": "LiLiCorr"}.get(draft.kind, draft.kind)
     refusal = f"vLLM {info.version} on {info.device} cannot run {name} ({why}; its V1 runner refuses {name} drafts)"
     if requested == "vllm":
         raise ConfigError(f"engine=vllm: {refusal}. Serve on a GPU vLLM, or set engine=auto for the reference engine.")

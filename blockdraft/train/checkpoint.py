@@ -26,7 +26,7 @@ import torch
 from blockdraft import faults
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import verify_checksums, write_checksums
-from blockdraft.models.draft_config import DSPARK_HEAD_KEYS
+from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, LILICORR_KEYS
 from blockdraft.models.io import load_draft_config, save_draft, save_draft_config
 from blockdraft.models import sharded_io as shards
 from blockdraft.train.training_prompts import copy_run_record
@@ -189,21 +189,28 @@ IDENTITY_KEYS = (
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
     "target_hidden_size", "num_target_layers", "conv_kernel_size", "conv_group_size", "selector_rank",
     "draft_vocab_size", "train_mask_embedding", "correction_hidden_size", "correction_rank",
-    *DSPARK_HEAD_KEYS,
+    *DSPARK_HEAD_KEYS, *LILICORR_KEYS,
 )
 
 
 # Keys that shape one kind of draft only. Another kind's export does not carry them (a DFlash export has no
 # conv_group_size, so its import holds the dataclass default), and they build nothing there.
-KIND_ONLY_KEYS = {"conv_kernel_size": "dflash2", "conv_group_size": "dflash2", "selector_rank": "dflash2",
+# LiLiCorr has DFlash2's convolution too (both keys 0 when off).
+KIND_ONLY_KEYS = {"conv_kernel_size": ("dflash2", "lilicorr"), "conv_group_size": ("dflash2", "lilicorr"),
+                  "selector_rank": "dflash2",
                   "correction_hidden_size": "domino", "correction_rank": "domino",
-                  **{key: "dspark" for key in DSPARK_HEAD_KEYS}}
+                  **{key: "dspark" for key in DSPARK_HEAD_KEYS}, **{key: "lilicorr" for key in LILICORR_KEYS}}
+
+
+def _kinds_of(key: str) -> set:
+    kinds = KIND_ONLY_KEYS[key]
+    return {kinds} if isinstance(kinds, str) else set(kinds)
 
 
 def identity_diffs(saved, now, ignore: tuple = ()) -> List[str]:
     saved, now = saved.to_dict(), now.to_dict()
     kinds = {saved.get("kind"), now.get("kind")}
-    keys = [k for k in IDENTITY_KEYS if (k not in KIND_ONLY_KEYS or KIND_ONLY_KEYS[k] in kinds) and k not in ignore]
+    keys = [k for k in IDENTITY_KEYS if (k not in KIND_ONLY_KEYS or kinds & _kinds_of(k)) and k not in ignore]
     return [f"{k}: saved {saved.get(k)!r} vs now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
 
 

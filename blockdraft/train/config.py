@@ -55,7 +55,7 @@ class LoopConfig:
     prefix_weight_base: float = 0.5
     """variable_prefix: P(prefix = l) proportional to base**(l-1)."""
     selector_loss_weight: float = 1.0
-    """DFlash2: weight of the selector CE (0 = the DFlash loss)."""
+    """DFlash2: weight of the selector CE (0 = the DFlash loss); LiLiCorr: weight of the lattice path loss."""
     confidence_weight: float = 1.0
     """DSpark: weight of the confidence head's BCE (speculators' confidence_head_alpha, 1.0)."""
     confidence_target: str = "greedy"

@@ -124,6 +124,12 @@ def check_draft_vocab(cfg: TrainAppConfig) -> None:
             "from the target's full head, so a DFlash2 draft keeps the full vocabulary. Drop draft.draft_vocab_size, "
             "or train draft.kind=dflash."
         )
+    if cfg.draft.kind == "lilicorr":
+        raise ConfigError(
+            f"draft.draft_vocab_size={n} with draft.kind=lilicorr: vLLM's LiLiCorr scores candidates from the target's "
+            "full head and embedding, so a LiLiCorr draft keeps the full vocabulary. Drop draft.draft_vocab_size, "
+            "or train draft.kind=dflash."
+        )
     if cfg.draft.kind == "domino":
         raise ConfigError(
             f"draft.draft_vocab_size={n} with draft.kind=domino: the Domino correction spans the target's full "

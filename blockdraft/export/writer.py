@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from blockdraft import faults
+from blockdraft.build_info import build_info
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import write_checksums
 from blockdraft.export.contract import ContractError, check_state_dict
@@ -188,6 +189,7 @@ def write_export_info(directory: Path, cfg: DraftModelConfig, source: Checkpoint
         "reload_check": {"max_abs_diff": result.max_abs_diff, "tolerance": result.tolerance},
         # The record serve and eval check their prompts against; null: the run recorded none.
         "training_prompts": training_prompts,
+        **build_info(),  # which blockdraft wrote it: version and commit ("unknown" outside a checkout)
     }
     (directory / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
 

@@ -59,7 +59,8 @@ class ServeConfig:
     overwrite: bool = False
     """Replace the report and logs of an earlier run in `out` (refused otherwise)."""
     num_speculative_tokens: Optional[int] = None
-    """Drafted tokens per step; null = the draft's block_size - 1 (a larger value is allowed, with a warning)."""
+    """Drafted tokens per step; null = what the draft was trained to draft: block_size - 1, or block_size for
+    a DSpark draft that drafts from its anchor (sample_from_anchor). Another value is allowed, with a warning."""
     vllm_python: Optional[str] = None
     """The serving interpreter; null = <repo>/.venv-serve/bin/python (built by `make setup-serve`)."""
     startup_timeout_s: float = 600.0
@@ -125,7 +126,7 @@ class ServeConfig:
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
             raise ConfigError(
                 f"num_speculative_tokens={self.num_speculative_tokens}: draft at least 1 token, "
-                "or set null for block_size - 1."
+                "or set null for the draft's trained count (block_size - 1; block_size for DSpark from its anchor)."
             )
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r} is not one of {list(DEVICES)}; pick one.")

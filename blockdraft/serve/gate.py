@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from blockdraft.build_info import build_info
 from blockdraft.errors import ConfigError
 from blockdraft.serve.gate_response import DATA_NAME, PROMPT_NAME, Sample, make_sample, read_sample
 
@@ -390,6 +391,7 @@ def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served, ceilings: 
         "reply_tokens": len(sample.reply_ids),
         "train_accept_len": trained,
         "warnings": served.warnings,
+        **build_info(),
     }
     (out / VERDICT_NAME).write_text(json.dumps(verdict, indent=2) + "\n")
     return verdict

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, TextIO, Tuple
 
+from blockdraft.build_info import build_info
 from blockdraft.machine import describe
 from blockdraft.serve.client import Completion, SpecMetrics
 from blockdraft.serve.verdict import compare_outputs, judge, tokens_per_second
@@ -86,6 +87,7 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
         "incomplete": not record.complete or record.error is not None,
         "error": record.error,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **build_info(),
         **record.environment,
         **record.settings,
         "prompts_sent": len(record.sources),

@@ -14,6 +14,8 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+import blockdraft
+from blockdraft.build_info import git_commit
 from blockdraft.config import compose, register_schema
 from blockdraft.data.prompt_record import RECORD_NAME, PromptRecord, prompt_hash
 from blockdraft.eval import runner
@@ -86,6 +88,7 @@ def test_eval_writes_every_cell_table_and_plot(evaluated):
     assert "without its default top-k 20" in table and report["settings"]["sampled"]["top_k"] == 0
     assert "Machine: " in table and "vLLM fake on cpu" in table
     assert report["environment"]["machine"]["cores"]
+    assert report["blockdraft_version"] == blockdraft.__version__ and report["blockdraft_commit"] == git_commit()
     # The OpenMP binding line comes from vLLM's own log, which the fake does not write: test_eval.py checks it.
     assert report["environment"]["vllm_omp_binding"] is None
     assert table in stdout

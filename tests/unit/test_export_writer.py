@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import blockdraft
+
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import expected_shapes
 from blockdraft.export.importer import INDEX_NAME, import_draft, tensor_headers
@@ -90,10 +92,29 @@ def test_run_dir_means_its_latest_complete_checkpoint(tmp_path):
 def test_model_card_records_training_and_the_serve_command(tmp_path):
     make_run(tmp_path / "run", "dflash", target_path="/models/Qwen3-8B")
     card = (export_draft(tmp_path / "run", tmp_path / "out") / "README.md").read_text()
-    assert "\nlicense:" in card and "Qwen3-8B" in card and "data/train.jsonl" in card and "steps: 10" in card
+    # No model card at the target: a license is still stated, with the line that says to choose one.
+    assert "\nlicense: other\n" in card and "choose one before publishing" in card
+    assert "Qwen3-8B" in card and "data/train.jsonl" in card and "steps: 10" in card
     assert "training accept_len (step 10): 1.500" in card and "validation accept_len (step 10): 1.750" in card
     spec = json.dumps({"method": "dflash", "model": str((tmp_path / "out").absolute()), "num_speculative_tokens": 3})
     assert f"vllm serve /models/Qwen3-8B --speculative-config '{spec}'" in card
+
+
+def test_a_fresh_export_names_the_blockdraft_that_wrote_it_its_license_and_references(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "README.md").write_text("---\nlicense: apache-2.0\nlanguage: [en]\n---\n# A target\n")
+    make_run(tmp_path / "run", "dspark", target_path=str(target))
+    out = export_draft(tmp_path / "run", tmp_path / "out")
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    info = json.loads((out / "blockdraft_export.json").read_text())
+    assert info["blockdraft_version"] == blockdraft.__version__
+    assert info["blockdraft_commit"].removesuffix("-dirty") == commit
+    card = (out / "README.md").read_text()
+    assert f"blockdraft {blockdraft.__version__}, commit {info['blockdraft_commit']}" in card
+    assert "\nlicense: apache-2.0\n" in card  # the target's, from its own model card
+    references = card.split("## References\n", 1)[1]
+    assert "arXiv 2607.05147" in references and "qwen3_dspark.py" in references
 
 
 def test_non_empty_out_is_refused_and_left_alone(tmp_path):

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from blockdraft.serve.gate import Ceilings, GateConfig, Served, judge
+import blockdraft
+from blockdraft.build_info import git_commit
+from blockdraft.serve.gate import VERDICT_NAME, Ceilings, GateConfig, Served, judge
 from blockdraft.serve.gate_floors import serving_ceiling, training_ceiling
 from blockdraft.serve.gate_response import Sample
 
@@ -35,6 +37,9 @@ def test_a_perfect_draft_on_a_short_reply_at_block_16_passes(tmp_path):
     v = verdict(tmp_path, 11.96, 13.0, reply=SHORT)
     assert v["passed"] and v["verdict"] == "passed", v["failures"]
     assert v["perfect_acceptance_length"] == 13.0 and v["memorised_floor"] == pytest.approx(0.9 * 11.96, abs=0.01)
+    # gate.json names the blockdraft that judged it, as serve and eval reports do.
+    written = json.loads((tmp_path / VERDICT_NAME).read_text())
+    assert written["blockdraft_version"] == blockdraft.__version__ and written["blockdraft_commit"] == git_commit()
 
 
 def test_a_draft_short_of_a_perfect_one_in_training_is_undertrained(tmp_path):

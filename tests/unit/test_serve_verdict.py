@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+import blockdraft
+from blockdraft.build_info import git_commit
 from blockdraft.serve.client import Completion, SpecMetrics
 from blockdraft.serve.report import PLOT_NAME, REPORT_NAME, Round, RunRecord, build_report, print_table, write_report
 from blockdraft.serve.verdict import acceptance, compare_outputs, first_difference, judge
@@ -82,7 +84,11 @@ def test_report_has_the_promised_keys_and_files(tmp_path):
         assert key in report
     assert report["speedup"] == pytest.approx(2.0) and report["incomplete"] is False and report["passed"]
     write_report(report, tmp_path)
-    assert json.loads((tmp_path / REPORT_NAME).read_text())["engine"] == "vllm"
+    written = json.loads((tmp_path / REPORT_NAME).read_text())
+    assert written["engine"] == "vllm"
+    # Which blockdraft measured it: the version, and the commit of this checkout.
+    assert written["blockdraft_version"] == blockdraft.__version__
+    assert written["blockdraft_commit"] == git_commit() != "unknown"
     assert (tmp_path / PLOT_NAME).stat().st_size > 0
 
 

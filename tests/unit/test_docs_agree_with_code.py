@@ -1,0 +1,109 @@
+"""Each draft kind's rules, as docs/export.md and docs/training.md quote them, are the code's: the
+architecture an export writes, the num_speculative_tokens a round drafts, what serves it (vLLM's V1 or
+V2 runner, or the reference engine), the names the importer reads, and the references the model card
+prints. The tests read both sides."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from blockdraft.export.references import reference_lines
+from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, IMPORT_ARCHITECTURES
+from blockdraft.models.draft_config import DRAFT_KINDS, drafted_per_round
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def section(page: str, heading: str) -> str:
+    """The text under `heading` up to the next heading of its level or above."""
+    text = (DOCS / page).read_text()
+    level = heading.split(" ")[0]
+    start = text.index(heading + "\n")
+    rest = text[start + len(heading) + 1:]
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", rest, flags=re.M)]
+    return rest[:ends[0]] if ends else rest
+
+
+def table_rows(text: str) -> List[Dict[str, str]]:
+    """The first markdown table in `text`, as dicts keyed by its header cells."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    header = cells[0]
+    return [dict(zip(header, row)) for row in cells[2:]]
+
+
+def first_code(cell: str) -> str:
+    return re.search(r"`([^`]+)`", cell).group(1)
+
+
+def deploy_table() -> Dict[str, Dict[str, str]]:
+    return {first_code(row["kind"]): row for row in table_rows(section("export.md", "## The deploy line"))}
+
+
+def test_the_deploy_table_has_every_kind():
+    assert set(deploy_table()) == set(DRAFT_KINDS)
+
+
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_each_kinds_architecture_is_the_one_export_writes(kind):
+    assert first_code(deploy_table()[kind]["`architectures`"]) == EXPORT_ARCHITECTURES[kind]
+
+
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_each_kinds_num_speculative_tokens_is_the_rule_the_code_applies(kind):
+    cell = deploy_table()[kind]['`"num_speculative_tokens"`']
+    quoted = re.findall(r"`(block_size(?: - 1)?)`", cell)
+    block = 8  # any block size tells the two rules apart
+    value = {"block_size": block, "block_size - 1": block - 1}
+    assert value[quoted[0]] == drafted_per_round(kind, block, sample_from_anchor=True)
+    if len(quoted) > 1:  # the other layout, quoted "with `sample_from_anchor: false`"
+        assert "sample_from_anchor: false" in cell
+        assert value[quoted[1]] == drafted_per_round(kind, block, sample_from_anchor=False)
+    else:
+        assert drafted_per_round(kind, block, True) == drafted_per_round(kind, block, False)
+
+
+def test_the_importer_section_names_every_architecture_it_reads():
+    text = section("export.md", "## Importing other stacks' drafts")
+    missing = [name for name in IMPORT_ARCHITECTURES if f"`{name}`" not in text]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_training_md_cites_what_the_model_card_cites(kind):
+    references = section("training.md", "### References")
+    lines = reference_lines(kind)
+    assert lines, f"{kind} has no references in blockdraft/export/references.py"
+    start = references.index(f"(`{kind}`)\n")
+    assert references[start:].split("\n\n", 2)[1].splitlines() == lines
+
+
+def serving_rule(kind: str) -> str:
+    """What serves a kind, as serve/preflight.py decides it: reference | vllm (V1 or V2) | vllm V2 only."""
+    from blockdraft.export.reference_only import REASONS
+    from blockdraft.serve.preflight import V2_RUNNER_ARCHITECTURES, VLLM_DFLASH_KINDS
+
+    if kind in REASONS:
+        return "reference"
+    if kind in V2_RUNNER_ARCHITECTURES:
+        return "v2"
+    assert kind in VLLM_DFLASH_KINDS, f"{kind}: serve/preflight.py states no rule for it"
+    return "vllm"
+
+
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_what_serves_each_kind_is_what_preflight_decides(kind):
+    runner = deploy_table()[kind]["model runner"]
+    kinds_table = {first_code(row["`draft.kind`"]): row for row in table_rows(section("training.md", "## Draft kinds"))}
+    serves = kinds_table[kind]["what serves it"]
+    rule = serving_rule(kind)
+    if rule == "reference":
+        assert "reference engine only" in serves and "no vLLM line" in deploy_table()[kind]["before `vllm serve`"]
+    elif rule == "v2":
+        assert runner.startswith("V2 only") and "V2" in serves and "elsewhere the reference engine" in serves
+    else:
+        assert runner.startswith("V1 or V2") and "V2" not in serves and "reference engine" not in serves

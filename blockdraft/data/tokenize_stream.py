@@ -63,10 +63,11 @@ def tokenised_rows(source: Any, report: RejectReport, tokenizer: Any, settings: 
 
 
 def _in_workers(chunks, tokenizer: Any, settings: dict, workers: int) -> Iterator[Tokenised]:
-    # fork where there is one: the tokenizer is inherited, not pickled, and no worker imports anything again.
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = multiprocessing.get_context(method).Pool(workers, initializer=_set_worker_state,
-                                                    initargs=(tokenizer, settings))
+    # Spawned, never forked: the process tokenising is a trainer or a test that already runs threads (torch's,
+    # gloo's, the tokenizer's own), and a forked child can wait forever on a lock one of them held at the fork
+    # (seen: a pool worker stuck on a futex in a long test run). The tokenizer is pickled to each worker once.
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_set_worker_state,
+                                                     initargs=(tokenizer, settings))
     pending: deque = deque()
     try:
         for rows, error in chunks:

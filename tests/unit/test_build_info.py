@@ -1,16 +1,15 @@
 """The version is defined once, and the commit is found in a checkout and "unknown" anywhere else."""
 
 import subprocess
-import sys
 from importlib.metadata import version as installed
 from pathlib import Path
 
 import blockdraft
 from blockdraft import build_info
 
-if sys.version_info >= (3, 11):
+try:
     import tomllib
-else:  # pragma: no cover
+except ImportError:  # Python 3.10
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]

@@ -65,3 +65,14 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this machine has that pid (one we may not signal still counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from blockdraft.data.rows import RejectReport
+from blockdraft.machine import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -163,18 +164,8 @@ def _remove_abandoned(final: Path) -> None:
     host = socket.gethostname()
     for tmp in final.parent.glob(f"{final.name}.{host}.*.tmp"):
         pid = tmp.name[len(final.name) + len(host) + 2: -len(".tmp")]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _move_aside_and_remove(folder: Path) -> None:

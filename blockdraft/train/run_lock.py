@@ -12,18 +12,9 @@ import time
 from pathlib import Path
 
 from blockdraft.errors import ConfigError
+from blockdraft.machine import pid_alive
 
 LOCK_NAME = ".lock"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunLock:
@@ -52,7 +43,7 @@ class RunLock:
         except (json.JSONDecodeError, OSError):
             owner = {}
         same_host = owner.get("host") == socket.gethostname()
-        if same_host and isinstance(owner.get("pid"), int) and not _alive(owner["pid"]):
+        if same_host and isinstance(owner.get("pid"), int) and not pid_alive(owner["pid"]):
             print(f"[lock] taking over a stale lock of pid {owner['pid']} (no such process)", flush=True)
             self.path.unlink(missing_ok=True)
             return

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,45 +28,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from check_vllm_weights import check, read_draft  # noqa: E402  (this directory)
-
-
-_DISTRIBUTED = []  # vLLM's process group is set up once per process
+from check_vllm_weights import (check, drafter_config, one_process_group, prepare_for_compute,  # noqa: E402
+                                read_draft)  # (this directory)
 
 
 def build_drafter(target: str, draft: Path, k: int):
-    from vllm.config import SpeculativeConfig, set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
 
-    vllm_config = EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True).create_engine_config()
-    spec = SpeculativeConfig(method="dspark", model=str(draft), num_speculative_tokens=k,
-                             target_model_config=vllm_config.model_config,
-                             target_parallel_config=vllm_config.parallel_config)
-    print(f"vLLM config: method={spec.method} num_speculative_tokens={spec.num_speculative_tokens} "
-          f"architectures={spec.draft_model_config.architectures}")
-    # VllmConfig itself refuses DSpark here ("Model Runner V1 does not support: dspark"): the runner
-    # choice is the CPU's, not the draft's, so the validated speculative config is set afterwards.
-    vllm_config.speculative_config = spec
+    vllm_config = drafter_config(target, draft, "dspark", k)
     with set_current_vllm_config(vllm_config):
-        if not _DISTRIBUTED:
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{tempfile.mkdtemp()}/init")
-            ensure_model_parallel_initialized(1, 1)
-            _DISTRIBUTED.append(True)
+        one_process_group()
         model = Qwen3DSparkForCausalLM(vllm_config=vllm_config, prefix="")
         model.load_weights(read_draft(draft).items())
     return model, vllm_config
-
-
-def prepare_for_compute(model, vllm_config) -> None:
-    """What the loader does after load_weights (on a CPU: repack each linear for its GEMM kernel)."""
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-    with set_current_vllm_config(vllm_config):
-        process_weights_after_loading(model, vllm_config.speculative_config.draft_model_config, torch.device("cpu"))
 
 
 def main():

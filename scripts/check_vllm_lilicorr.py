@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -27,31 +26,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from check_vllm_weights import read_draft  # noqa: E402  (this directory)
+from check_vllm_weights import drafter_config, one_process_group, prepare_for_compute, read_draft  # noqa: E402
 
 HEAD_PREFIX = "lilicorr."
 
 
 def build_drafter(target: str, draft: Path):
-    from vllm.config import SpeculativeConfig, set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.lilicorr import LiLiCorrForCausalLM
 
     block_size = json.loads((draft / "config.json").read_text())["dflash_config"]["block_size"]
-    vllm_config = EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True).create_engine_config()
-    spec = SpeculativeConfig(method="dflash", model=str(draft), num_speculative_tokens=block_size - 1,
-                             target_model_config=vllm_config.model_config,
-                             target_parallel_config=vllm_config.parallel_config)
-    print(f"vLLM config: method={spec.method} num_speculative_tokens={spec.num_speculative_tokens} "
-          f"architectures={spec.draft_model_config.architectures}")
-    # VllmConfig refuses a candidate-head draft on the CPU's V1 runner; the runner is the CPU's choice,
-    # not the draft's, so the validated speculative config is set afterwards.
-    vllm_config.speculative_config = spec
+    vllm_config = drafter_config(target, draft, "dflash", block_size - 1)
     with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{tempfile.mkdtemp()}/init")
-        ensure_model_parallel_initialized(1, 1)
+        one_process_group()
         return vllm_config, lambda: LiLiCorrForCausalLM(vllm_config=vllm_config, prefix="")
 
 
@@ -84,15 +71,6 @@ def head_problems(head, tensors) -> list:
             problems.append(f"wrong: {name}")
     problems += [f"missing: {HEAD_PREFIX}{n}" for n in params if HEAD_PREFIX + n not in tensors]
     return problems
-
-
-def prepare_for_compute(model, vllm_config) -> None:
-    """What the loader does after load_weights (on a CPU: repack each linear for its GEMM kernel)."""
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
-    with set_current_vllm_config(vllm_config):
-        process_weights_after_loading(model, vllm_config.speculative_config.draft_model_config, torch.device("cpu"))
 
 
 def main():

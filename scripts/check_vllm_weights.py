@@ -35,6 +35,49 @@ QKV_SHARDS = {"q": 0, "k": 1, "v": 2}
 MASK_EMBEDDING_FILE = "mask_embedding.pt"
 
 
+# --- shared by the head checks (check_vllm_dspark.py, check_vllm_lilicorr.py) ----------------------------------
+_PROCESS_GROUP = []  # vLLM's process group is set up once per process
+
+
+def drafter_config(target: str, draft: Path, method: str, k: int):
+    """vLLM's config for the target with `draft` as its speculator (method, k drafted tokens), validated as vLLM
+    validates it. VllmConfig itself refuses a drafter that needs the V2 model runner (DSpark, LiLiCorr) on the
+    CPU's V1 runner: the runner is the CPU's choice, not the draft's, so the speculative config is set afterwards."""
+    from vllm.config import SpeculativeConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    vllm_config = EngineArgs(model=target, dtype="float32", max_model_len=256, enforce_eager=True).create_engine_config()
+    spec = SpeculativeConfig(method=method, model=str(draft), num_speculative_tokens=k,
+                             target_model_config=vllm_config.model_config,
+                             target_parallel_config=vllm_config.parallel_config)
+    print(f"vLLM config: method={spec.method} num_speculative_tokens={spec.num_speculative_tokens} "
+          f"architectures={spec.draft_model_config.architectures}")
+    vllm_config.speculative_config = spec
+    return vllm_config
+
+
+def one_process_group() -> None:
+    """vLLM's (single-rank, gloo) process group, which building a model needs; inside set_current_vllm_config."""
+    import tempfile
+
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    if not _PROCESS_GROUP:
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{tempfile.mkdtemp()}/init")
+        ensure_model_parallel_initialized(1, 1)
+        _PROCESS_GROUP.append(True)
+
+
+def prepare_for_compute(model, vllm_config) -> None:
+    """What the loader does after load_weights (on a CPU: repack each linear for its GEMM kernel)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    with set_current_vllm_config(vllm_config):
+        process_weights_after_loading(model, vllm_config.speculative_config.draft_model_config, torch.device("cpu"))
+
+
 def read_draft(draft: Path) -> dict:
     index = draft / "model.safetensors.index.json"
     # Same file choice as vLLM: the index's shards when there is one, else every *.safetensors.

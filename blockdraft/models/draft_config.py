@@ -201,8 +201,8 @@ class DraftModelConfig:
                 f"draft.lilicorr_candidate_topk={k}: vLLM's LiLiCorr takes a power of two <= 16 (and within the "
                 f"vocabulary of {self.vocab_size}); set 1, 2, 4, 8 or 16."
             )
-        # num_speculative_tokens < block_size holds by construction: this layout drafts block_size - 1 slots
-        # (drafted_per_round), and serve/preflight.py refuses a requested count above the trained one.
+        # num_speculative_tokens < block_size holds for what training writes: this layout drafts block_size - 1
+        # slots (drafted_per_round). A larger count asked of serve is only warned about (serve/preflight.py).
         width, heads = self.lilicorr_width, self.lilicorr_num_heads
         if heads < 1 or width % heads:
             raise ConfigError(

@@ -46,12 +46,14 @@ class ServeConfig:
     max_tokens: int = 64
     """Tokens generated per prompt."""
     rounds: int = 2
-    """Baseline/draft pairs, the order alternating; the speedup is their median."""
+    """Baseline/draft passes over the prompts, the order alternating; the speedup is their median, beside a
+    paired interval over every prompt of every round (one round gives that interval alone)."""
     servers: str = "auto"
-    """Where the rounds run: fresh (a new baseline and draft server every round) | frozen (one of each for every
-    round, both in memory, the idle one stopped with SIGSTOP while the other is measured: 2 start-ups; it read
-    the speedup 3.7% above fresh servers on a 2-core CPU, docs/benchmarks.md serve_methods) | kept (the same,
-    the idle one left running) | auto (fresh: the servers that every other method is checked against)."""
+    """Where the rounds run: kept (one baseline and one draft server for every round, started side by side, each
+    prompt sent to both in turn: 2 start-ups; it measured 1.375x where fresh servers measured 1.376x on a 2-core
+    CPU, docs/benchmarks.md serve_methods) | frozen (the same, the idle one stopped with SIGSTOP; it read 3.7%
+    high there) | fresh (a new pair every round: 2 start-ups a round) | auto (kept on a CPU; fresh on a GPU,
+    where two servers at once would each claim their memory share)."""
     warmup_prompts: int = 2
     """Prompts generated in full, untimed, on each server before its first measured phase."""
     out: str = "runs/serve"
@@ -132,7 +134,7 @@ class ServeConfig:
             raise ConfigError(f"device={self.device!r} is not one of {list(DEVICES)}; pick one.")
         if self.servers not in SERVER_METHODS:
             raise ConfigError(f"servers={self.servers!r} is not one of {list(SERVER_METHODS)}; pick one "
-                              "(auto: a fresh pair per round).")
+                              "(auto: one server of each side kept for every round on a CPU).")
         if not isinstance(self.warmup_prompts, int) or self.warmup_prompts < 0:
             raise ConfigError(f"warmup_prompts={self.warmup_prompts!r}: set 0 or more prompts.")
         if self.engine not in ENGINES:
@@ -163,11 +165,11 @@ class ServeConfig:
         """The `servers` method on `device`; kept and frozen pairs are refused on a GPU, whose two servers
         would each claim their gpu_memory_utilization share at once."""
         if device == "cpu":
-            return "fresh" if self.servers == "auto" else self.servers
+            return "kept" if self.servers == "auto" else self.servers
         if self.servers in ("kept", "frozen"):
             raise ConfigError(f"servers={self.servers} keeps a baseline and a draft vLLM server up at once, which on "
                               f"{device} would each claim their gpu_memory_utilization share; set servers=fresh "
-                              "(or auto: a fresh pair per round).")
+                              "(or auto: a fresh pair per round on a GPU).")
         return "fresh"
 
     def vllm_python_path(self) -> Path:

@@ -1,14 +1,15 @@
 """The smoke-serve check: preflight -> rounds of (baseline server, draft server) -> verdict and report.
 
 Every server gets the same target, arguments and token-id prompts; only the draft runs
-add `--speculative-config`. `rounds=` repeats the pair, the order alternating (baseline
-first in odd rounds, draft first in even ones), so that a machine slowing down or speeding
-up mid-run shows in the spread instead of deciding the ratio. `servers=` says where the
-rounds run: a fresh pair per round (the default), or one server of each for every round with
-the idle one frozen (SIGSTOP) or left running (kept); docs/benchmarks.md (serve_methods) sets
-the three side by side.
-Each server generates `warmup_prompts` untimed before its first measured phase, and the idle
-server's CPU seconds during each measured phase go into the report. A DFlash2 or DSpark draft that
+add `--speculative-config`. `servers=` says where the rounds run: one server of each side for
+every round, started side by side (kept, the default on a CPU; or frozen: the idle one stopped
+with SIGSTOP), each prompt going to both in turn, the order alternating prompt by prompt; or a
+fresh pair per round (the default on a GPU, where two servers would each claim their memory
+share), each side's prompts in one phase, baseline first in odd rounds. Either way drift on the
+machine hits both sides alike; the report gives the median over `rounds=` and a paired interval
+over prompts (docs/benchmarks.md, serve_methods, sets the methods side by side).
+Each server generates `warmup_prompts` untimed before its first measured prompt, and the idle
+server's CPU seconds during the measured requests go into the report. A DFlash2 or DSpark draft that
 the serving vLLM cannot run (they need its V2 GPU runner) goes to the reference engine instead, and
 the report says so.
 """
@@ -27,14 +28,14 @@ from blockdraft.data.held_out import SHAREGPT_HELD_OUT_START
 from blockdraft.errors import ConfigError
 from blockdraft.export.deploy_line import V2_ONLY, V2_RUNNER_ENV, vllm_method
 from blockdraft.machine import machine_facts
-from blockdraft.serve.client import Completion, RequestError, complete, complete_all, read_spec_metrics
+from blockdraft.serve.client import Completion, RequestError, SpecMetrics, complete, complete_all, read_spec_metrics
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.held_out_check import measure, refuse_trained_on
 from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.serve.report import PHASES, Round, RunRecord, build_report, print_table, write_report
 from blockdraft.vllm_runtime.omp_binding import omp_binding
-from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings
+from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings, start_together
 
 WARM_UP_TOKENS = 8  # one short request first: lazy initialisation must not count as decoding time
 RUNNER_MARKERS = (("Using V2 Model Runner", "v2"), ("using the V1 model runner instead", "v1"))
@@ -166,28 +167,16 @@ def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record
     speculative = speculative_config(plan)
     method = record.settings["servers"]
     with contextlib.ExitStack() as pair:
-        servers = {}
-        if method != "fresh":  # both up before round 1, in its order; each is stopped when the rounds end
-            for phase in PHASES:
-                servers[phase] = pair.enter_context(start_server(cfg, plan, record, phase, speculative if phase == "draft" else None, 1))
-                if method == "frozen":
-                    servers[phase].freeze()  # thawed for its own phases only
+        servers = start_pair(cfg, plan, record, speculative, pair) if method != "fresh" else {}
         for number in range(1, record.planned_rounds + 1):
             round_ = Round(order=PHASES if number % 2 else PHASES[::-1])
             record.rounds.append(round_)
+            if servers:
+                paired_round(cfg, servers, prompts, record, round_, number, frozen=method == "frozen")
+                continue
             for phase in round_.order:
                 spec = speculative if phase == "draft" else None
-                if method == "fresh":
-                    completions = serve_and_generate(cfg, plan, prompts, record, phase, spec, number)
-                else:
-                    server, idle = servers[phase], servers[other_phase(phase)]
-                    server.thaw()
-                    # Round 1 measures each server for the first time: its warm-up comes first.
-                    completions = generate_on(cfg, server, prompts, record, phase, spec is not None, number,
-                                              first=number == 1, idle=idle)
-                    if method == "frozen":
-                        server.freeze()
-                setattr(round_, phase, completions)
+                setattr(round_, phase, serve_and_generate(cfg, plan, prompts, record, phase, spec, number))
     runner = runner_from_log(Path(cfg.out) / log_name("draft", 1))
     record.environment["runner"] = runner
     for phase in PHASES:
@@ -221,49 +210,141 @@ def serve_and_generate(
     """One fresh server for `phase` (with the draft when `speculative` is given): start it, generate
     every prompt (timed, the draft's counters read around them), stop it."""
     with start_server(cfg, plan, record, phase, speculative, number) as server:
-        completions = generate_on(cfg, server, prompts, record, phase, speculative is not None, number, first=True)
+        completions = generate_on(cfg, server, prompts, record, phase, speculative is not None, number)
     say(f"{_label(record, phase, number)}: server stopped")
     return completions
 
 
-@contextlib.contextmanager
-def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, speculative: Optional[dict], number: int):
+def start_pair(cfg: ServeConfig, plan: Plan, record: RunRecord, speculative: dict, stack: contextlib.ExitStack) -> dict:
+    """One server of each side for every round, loading side by side (one start-up's wait for both); `stack`
+    stops them when the rounds end. A frozen pair's servers are frozen until their own requests."""
+    method = record.settings["servers"]
+    servers = {phase: new_server(cfg, plan, phase, speculative if phase == "draft" else None, 1) for phase in PHASES}
+    say(f"baseline and draft ({method}, for every round): starting both vLLM servers side by side "
+        f"(logs: {', '.join(str(s.log_path) for s in servers.values())})")
+    start_together(list(servers.values()))
+    for phase, server in servers.items():
+        stack.callback(server.stop)
+        record.timings_s[f"startup_{phase}"] = server.startup_s
+        say(f"{phase} ({method}): server up on {server.url} after {server.startup_s:.1f} s")
+        if method == "frozen":
+            server.freeze()
+    return servers
+
+
+def new_server(cfg: ServeConfig, plan: Plan, phase: str, speculative: Optional[dict], number: int) -> VllmServer:
+    """The vLLM server of one side, not yet started; its log starts afresh."""
     args, env = server_arguments(cfg, plan.device)
     if speculative is not None:
         env = with_v2_runner(env, plan.draft.kind)
     log_path = Path(cfg.out) / log_name(phase, number)
-    method = record.settings.get("servers")
-    label = _label(record, phase, number) if method in (None, "fresh") else f"{phase} ({method}, for every round)"
-    say(f"{label}: starting vLLM (log: {log_path})")
     log_path.unlink(missing_ok=True)
-    with VllmServer(
-        cfg.vllm_python_path(), _model(cfg), log_path=log_path, speculative_config=speculative,
-        args=args, env=env, startup_timeout_s=cfg.startup_timeout_s,
-    ) as server:
+    return VllmServer(cfg.vllm_python_path(), _model(cfg), log_path=log_path, speculative_config=speculative,
+                      args=args, env=env, startup_timeout_s=cfg.startup_timeout_s)
+
+
+@contextlib.contextmanager
+def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, speculative: Optional[dict], number: int):
+    label = _label(record, phase, number)
+    with new_server(cfg, plan, phase, speculative, number) as server:
+        say(f"{label}: starting vLLM (log: {server.log_path})")
         record.timings_s[f"startup_{phase}{phase_suffix(number)}"] = server.startup_s
         say(f"{label}: server up on {server.url} after {server.startup_s:.1f} s")
         yield server
 
 
-def generate_on(cfg: ServeConfig, server: VllmServer, prompts, record: RunRecord, phase: str, speculative: bool,
-                number: int, first: bool, idle: Optional[VllmServer] = None) -> List[Completion]:
-    """Every prompt on `server`, timed; `first`: its first measured phase, after the warm-up; `idle`: the other
-    server of a kept or frozen pair, whose CPU seconds during the timed generation are recorded."""
-    label, key = _label(record, phase, number), f"{phase}{phase_suffix(number)}"
+def paired_round(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], record: RunRecord, round_: Round,
+                 number: int, frozen: bool) -> None:
+    """Every prompt on both servers in turn, the order alternating prompt by prompt, so that drift on the
+    machine hits both sides of each pair alike; the draft's counters are read around each of its prompts (its
+    drafting rounds per prompt give the round cost's interval). Each server warms up before round 1."""
+    if number == 1:
+        for phase in PHASES:
+            with awake(servers[phase], frozen):
+                warm_up(cfg, servers[phase], prompts, record, phase)
+    done = {phase: [] for phase in PHASES}
+    spent = {phase: 0.0 for phase in PHASES}
+    idle_cpu = {phase: 0.0 for phase in PHASES}
+    drafts, counted = [], SpecMetrics()
+    for i, prompt in enumerate(prompts):
+        for phase in round_.order if i % 2 == 0 else round_.order[::-1]:
+            server, idle = servers[phase], servers[other_phase(phase)]
+            with awake(server, frozen):
+                before = read_metrics(server, phase) if phase == "draft" else None
+                idle_before = idle.cpu_seconds()
+                completion = request(cfg, server, prompt, record, phase, number)
+                idle_cpu[phase] += idle.cpu_seconds() - idle_before
+                if before is not None:
+                    delta = read_metrics(server, phase).minus(before)
+                    drafts.append(delta.num_drafts)
+                    counted = counted.plus(delta)
+            done[phase].append(completion)
+            spent[phase] += completion.seconds
+    round_.baseline, round_.draft, round_.prompt_drafts, round_.paired = done["baseline"], done["draft"], drafts, True
+    round_.metrics = counted
+    for phase in PHASES:
+        key = f"{phase}{phase_suffix(number)}"
+        record.timings_s[f"generation_{key}"] = spent[phase]
+        record.idle_cpu_s[key] = idle_cpu[phase]
+    say(f"{_label(record, 'baseline', number).replace(' baseline', '')}: {len(prompts)} prompts on each side, "
+        f"interleaved ({spent['baseline']:.1f} s baseline, {spent['draft']:.1f} s draft)")
+
+
+@contextlib.contextmanager
+def awake(server: VllmServer, frozen: bool):
+    """A frozen pair's server thawed for its own requests only."""
+    if frozen:
+        server.thaw()
     try:
-        if first and cfg.warmup_prompts:
-            began = time.perf_counter()
+        yield server
+    finally:
+        if frozen:
+            server.freeze()
+
+
+def warm_up(cfg: ServeConfig, server: VllmServer, prompts, record: RunRecord, phase: str) -> None:
+    """Untimed: `warmup_prompts` prompts in full, then one short request (lazy initialisation and first-call
+    costs must not count as decoding time)."""
+    try:
+        began = time.perf_counter()
+        if cfg.warmup_prompts:
             complete_all(server.url, _model(cfg), prompts[: cfg.warmup_prompts], cfg.max_tokens, cfg.request_timeout_s,
                          cfg.ignore_eos)
-            record.timings_s[f"warmup_{key}"] = time.perf_counter() - began
-        idle_before = idle.cpu_seconds() if idle is not None else None
-        completions = _generate(cfg, server, _model(cfg), prompts, record, key, speculative)
-        if idle is not None:
-            record.idle_cpu_s[key] = idle.cpu_seconds() - idle_before
+        complete(server.url, _model(cfg), prompts[0], min(WARM_UP_TOKENS, cfg.max_tokens), cfg.request_timeout_s)
+        record.timings_s[f"warmup_{phase}"] = time.perf_counter() - began
     except RequestError as err:
-        state = "is still up" if server.alive() else "has exited"
-        raise ServerError(f"the {label} run failed: {err}\nThe server {state}; {server.tail_message()}") from None
-    say(f"{label}: {len(completions)} prompts in {record.timings_s[f'generation_{key}']:.1f} s")
+        raise _failed(server, f"the {phase} warm-up", err) from None
+
+
+def request(cfg: ServeConfig, server: VllmServer, prompt: EncodedPrompt, record: RunRecord, phase: str, number: int) -> Completion:
+    try:
+        return complete(server.url, _model(cfg), prompt, cfg.max_tokens, cfg.request_timeout_s, cfg.ignore_eos)
+    except RequestError as err:
+        raise _failed(server, f"the {_label(record, phase, number)} run", err) from None
+
+
+def read_metrics(server: VllmServer, phase: str):
+    try:
+        return read_spec_metrics(server.url)
+    except RequestError as err:
+        raise _failed(server, f"reading the {phase} server's counters", err) from None
+
+
+def _failed(server: VllmServer, what: str, err: Exception) -> ServerError:
+    state = "is still up" if server.alive() else "has exited"
+    return ServerError(f"{what} failed: {err}\nThe server {state}; {server.tail_message()}")
+
+
+def generate_on(cfg: ServeConfig, server: VllmServer, prompts, record: RunRecord, phase: str, speculative: bool,
+                number: int) -> List[Completion]:
+    """Every prompt on a fresh `server`, after its warm-up, timed."""
+    key = f"{phase}{phase_suffix(number)}"
+    warm_up(cfg, server, prompts, record, key)
+    try:
+        completions = _generate(cfg, server, _model(cfg), prompts, record, key, speculative)
+    except RequestError as err:
+        raise _failed(server, f"the {_label(record, phase, number)} run", err) from None
+    say(f"{_label(record, phase, number)}: {len(completions)} prompts in {record.timings_s[f'generation_{key}']:.1f} s")
     return completions
 
 
@@ -278,8 +359,7 @@ def _model(cfg: ServeConfig) -> str:
 def _generate(
     cfg: ServeConfig, server: VllmServer, model: str, prompts, record: RunRecord, key: str, speculative: bool
 ) -> List[Completion]:
-    """A warm-up request, then every prompt timed; a draft run also reads the counters around it."""
-    complete(server.url, model, prompts[0], min(WARM_UP_TOKENS, cfg.max_tokens), cfg.request_timeout_s)
+    """Every prompt timed; a draft run also reads the counters around them."""
     before = read_spec_metrics(server.url) if speculative else None
     began = time.perf_counter()
     completions = complete_all(server.url, model, prompts, cfg.max_tokens, cfg.request_timeout_s, cfg.ignore_eos)

@@ -65,26 +65,59 @@ def test_one_round_serves_each_side_once(setup):
 
 
 @pytest.mark.parametrize("method", ["frozen", "kept"])
-def test_a_pair_kept_for_every_round_starts_twice_and_records_the_idle_servers_cpu(setup, method):
+def test_a_pair_kept_for_every_round_starts_twice_and_interleaves_the_prompts(setup, method):
     setup.servers = method
     report = harness.run(setup)
     assert report["passed"] and report["lossless"] and report["servers"] == method
     assert sorted(k for k in report["timings_s"] if k.startswith("startup_")) == ["startup_baseline", "startup_draft"]
     assert [r["order"] for r in report["rounds"]] == [["baseline", "draft"], ["draft", "baseline"]]
-    # The counters are read around each round's draft run: the same server, counted once per round.
+    # The counters are read around each draft prompt: the same server, each drafting round counted once.
     assert report["mean_acceptance_length"] == pytest.approx(2.5)
     assert report["tokens_generated"] == {"baseline": 128, "draft": 128}
     assert sorted(p.name for p in Path(setup.out).glob("vllm_*.log")) == ["vllm_baseline.log", "vllm_draft.log"]
-    # Each server warms up once, before its first measured phase (round 1); every measured phase has the
-    # idle server's CPU seconds beside it.
+    # Each server warms up once, before round 1; every measured phase has the idle server's CPU seconds beside it.
     assert sorted(k for k in report["timings_s"] if k.startswith("warmup_")) == ["warmup_baseline", "warmup_draft"]
     assert sorted(report["idle_server_cpu_s"]) == ["baseline", "baseline_round2", "draft", "draft_round2"]
+    # 4 prompts x 2 rounds paired: intervals around the speedup and the round cost.
+    assert report["interval"] == {"level": 0.95, "pairs": 8, "method": "paired bootstrap over prompts",
+                                  "prompts_interleaved": True}
+    for key in ("speedup_interval", "round_cost_interval"):
+        low, high = report[key]
+        assert 0 < low <= high, (key, report[key])
 
 
-def test_the_default_is_a_fresh_pair_per_round_and_every_server_warms_up(setup):
+def test_kept_servers_interleave_the_prompts_alternating_which_side_goes_first(setup, monkeypatch):
+    # With two prompts a side in one round the requests must go baseline, draft (prompt 0), then draft,
+    # baseline (prompt 1); the warm-up's short requests name each server's url, baseline first.
+    setup.rounds, setup.num_prompts, setup.warmup_prompts, setup.servers = 1, 2, 0, "kept"
+    arrivals = []
+    real = harness.complete
+
+    def logged(url, *args, **kwargs):
+        arrivals.append(url)
+        return real(url, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "complete", logged)
+    report = harness.run(setup)
+    assert report["passed"]
+    warm = arrivals[:2]  # one short warm-up request per server, baseline first
+    measured = arrivals[2:]
+    assert len(measured) == 4 and measured[0] == warm[0] and measured[1] == warm[1]
+    assert measured[2] == warm[1] and measured[3] == warm[0]
+
+
+def test_the_default_on_a_cpu_is_a_kept_pair_started_side_by_side(setup):
+    kept = harness.run(setup)
+    assert kept["servers"] == "kept" and kept["warmup_prompts"] == 2
+    assert sorted(k for k in kept["timings_s"] if k.startswith("warmup_")) == ["warmup_baseline", "warmup_draft"]
+
+
+def test_fresh_servers_warm_up_each_time_and_still_give_a_paired_speedup_interval(setup):
+    setup.servers = "fresh"
     fresh = harness.run(setup)
-    assert fresh["servers"] == "fresh" and fresh["warmup_prompts"] == 2
     assert len([k for k in fresh["timings_s"] if k.startswith("warmup_")]) == 4 and fresh["idle_server_cpu_s"] == {}
+    assert fresh["speedup_interval"] is not None and fresh["round_cost_interval"] is None
+    assert fresh["interval"]["prompts_interleaved"] is False
 
 
 def test_a_frozen_idle_server_takes_no_cpu_while_the_other_is_measured(setup, monkeypatch):

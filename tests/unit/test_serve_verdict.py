@@ -141,3 +141,20 @@ def test_a_run_stopped_before_its_last_round_is_incomplete():
     report = build_report(RunRecord(sources=["p0"], rounds=[_round(2.0, 1.0)], planned_rounds=2))
     assert report["incomplete"] and not report["passed"]
     assert report["speedup"] == pytest.approx(2.0) and len(report["rounds"]) == 1  # what ran is still reported
+
+
+def test_a_round_cost_below_one_warns_only_outside_the_measured_spread_with_advice_not_yet_taken():
+    from blockdraft.serve.report import round_cost_suspect
+
+    inside = {"round_cost": 0.99, "round_cost_interval": [0.96, 1.02], "rounds": [{"round_cost": 0.99}]}
+    assert round_cost_suspect(inside, "kept") is None
+    below = {"round_cost": 0.93, "round_cost_interval": [0.91, 0.95], "rounds": [{"round_cost": 0.93}]}
+    kept = round_cost_suspect(below, "kept")
+    assert "reaches only 0.95" in kept and "servers=fresh" in kept
+    fresh = round_cost_suspect(below, "fresh")
+    assert "servers=fresh" not in fresh and "num_prompts=" in fresh
+    # Without an interval, the rounds' spread decides: one round at 1.01 of two clears it.
+    rounds = {"round_cost": 0.97, "round_cost_interval": None, "rounds": [{"round_cost": 0.93}, {"round_cost": 1.01}]}
+    assert round_cost_suspect(rounds, "fresh") is None
+    assert round_cost_suspect({**rounds, "rounds": [{"round_cost": 0.93}, {"round_cost": 0.96}]}, "fresh")
+    assert round_cost_suspect({"round_cost": 1.2, "rounds": []}, "kept") is None

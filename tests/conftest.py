@@ -15,6 +15,22 @@ MASK_ID = 262  # <|reserved_2|> of the tiny tokenizer: never pad, eos or bos
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_dir(tmp_path_factory):
+    """The machine-wide records (the round costs a probe measured) go to a folder of this test run: a test
+    never reads a figure a real pipeline measured here, nor leaves one behind."""
+    import os
+
+    path = tmp_path_factory.mktemp("blockdraft_cache")
+    before = os.environ.get("BLOCKDRAFT_CACHE_DIR")
+    os.environ["BLOCKDRAFT_CACHE_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("BLOCKDRAFT_CACHE_DIR", None)
+    else:
+        os.environ["BLOCKDRAFT_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_hf():
     return build_tiny_model("qwen3", seed=0)

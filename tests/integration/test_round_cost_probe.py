@@ -1,6 +1,7 @@
 """The pipeline's early round-cost probe against the fake vLLM, in seconds: the untrained draft of the
 recipe's shape is served through `python -m blockdraft.serve` as the pipeline does, the figure is printed
-with the acceptance length a draft needs, recorded in stages.json, and read from there on a rerun.
+with the acceptance length a draft needs, kept in the machine's record, and read from there by a rerun and
+by a pipeline in another out; a changed machine or draft shape measures again.
 The same probe in real vLLM is tests/slow/test_demo_scaled_down.py; tests/integration/test_pipeline.py
 runs with round_cost=false so that make test pays its two vLLM start-ups once, not twice."""
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from blockdraft import machine
+from blockdraft.machine import machine_facts
 from blockdraft.models.tiny_target import save_tiny_target
-from blockdraft.pipeline import app
+from blockdraft.pipeline import app, round_cost_record
 from blockdraft.pipeline.records import StageRecords
 from blockdraft.pipeline.round_cost import early_round_cost
 from blockdraft.pipeline.settings import parse_overrides
@@ -85,22 +88,43 @@ def test_the_probe_prints_the_round_cost_and_the_acceptance_a_draft_needs(probed
     assert cost is not None and cost > 0, printed + (log.read_text()[-3000:] if log.is_file() else "")
     assert f"round cost: a draft-and-verify round costs {cost:.2f} plain decode steps" in printed, printed
     assert f"{NEEDS} {cost:.2f}" in printed
-    # One baseline and one draft server: a fresh pair, one round.
+    # One baseline and one draft server, kept for the one round, the prompts interleaved.
     assert server_starts(fake_dir) == 2
     report = json.loads((out / "round_cost" / "serve" / "report.json").read_text())
-    assert report["engine"] == "vllm" and report["servers"] == "fresh" and report["round_cost"] > 0
-    assert report["round_cost"] == pytest.approx(cost)
+    assert report["engine"] == "vllm" and report["servers"] == "kept" and report["round_cost"] > 0
+    assert report["round_cost"] == pytest.approx(cost) and report["interval"]["pairs"] == 4
     recorded = json.loads((out / "stages.json").read_text())["pipeline"]["round_cost"]
-    assert recorded["round_cost"] == pytest.approx(cost) and recorded["key"] and recorded["at"]
+    assert recorded["round_cost"] == pytest.approx(cost) and recorded["key"] and not recorded["reused"]
+    kept = json.loads(round_cost_record.record_path().read_text())
+    assert kept[recorded["key"]]["round_cost"] == pytest.approx(cost)
+    assert kept[recorded["key"]]["machine"]["cpu_model"] == machine_facts()["cpu_model"]
 
 
-def test_a_second_call_reads_the_record_and_starts_no_server(probed):
-    out, fake_dir, vllm_python, cost, _ = probed
-    s = settings(out, vllm_python)
+def test_another_out_on_the_same_machine_reads_the_record_and_starts_no_server(probed, tmp_path):
+    _, fake_dir, vllm_python, cost, _ = probed
+    s = settings(tmp_path / "another_out", vllm_python)
     again, printed = said(lambda: early_round_cost(s, app.prepare(s), StageRecords(s.root / "stages.json")))
     assert again == pytest.approx(cost)
-    assert f"{NEEDS} {cost:.2f}" in printed and "; recorded in stages.json)" in printed, printed
+    assert f"{NEEDS} {cost:.2f}" in printed and "on this machine" in printed, printed
     assert server_starts(fake_dir) == 2
+    assert json.loads((s.root / "stages.json").read_text())["pipeline"]["round_cost"]["reused"] is True
+
+
+@pytest.mark.parametrize("change", ["machine", "shape"])
+def test_a_changed_cpu_or_draft_shape_measures_again(probed, tmp_path, monkeypatch, change):
+    _, fake_dir, vllm_python, _, _ = probed
+    started = server_starts(fake_dir)
+    if change == "machine":
+        other_cpu = {**machine_facts(), "cpu_model": "Another CPU", "avx512f": False, "avx512_bf16": False, "amx": False}
+        monkeypatch.setattr(machine, "machine_facts", lambda: other_cpu)
+        s = settings(tmp_path / "other", vllm_python)
+    else:
+        s = settings(tmp_path / "other", vllm_python, "draft.block_size=8")
+    with monkeypatch.context() as mp:
+        mp.setenv("FAKE_DIR", str(fake_dir))
+        cost, printed = said(lambda: early_round_cost(s, app.prepare(s), StageRecords(s.root / "stages.json")))
+    assert cost is not None and "measured in" in printed, printed
+    assert server_starts(fake_dir) == started + 2
 
 
 @pytest.mark.parametrize("word, probes", [("round_cost=true", True), ("round_cost=false", False)])
@@ -112,7 +136,6 @@ def test_the_pipeline_says_the_round_cost_before_its_stages_unless_round_cost_fa
     monkeypatch.setattr(app, "summarize", lambda *a, **k: 0)
     code, printed = said(lambda: app.run_pipeline(settings(out, vllm_python, word)))
     assert code == 0 and reached and "regen" in reached[-1]
-    # true: read from the record the probe above left in this out, so no server starts either way.
-    assert ("; recorded in stages.json)" in printed) is probes, printed
+    # true: read from the machine's record the probe above left, so no server starts either way.
+    assert ("on this machine" in printed) is probes, printed
     assert ("round cost" in printed) is probes
-    assert server_starts(fake_dir) == 2

@@ -30,8 +30,10 @@ from blockdraft.pipeline.runner import Stage
 from blockdraft.pipeline.settings import PipelineSettings, keys_help, parse_overrides
 
 TARGET_DIR = ".cache/targets/smollm2-135m-instruct"
-# 48 held-out prompts, 16 of them served x 128 tokens over two honest rounds, on every CPU; how many
-# training conversations and training minutes fit the 30-minute budget depends on the CPU (SIZES).
+# 48 held-out prompts on every CPU, served x 128 tokens in one round of kept servers (serve.servers=auto),
+# each prompt on both sides in turn; the report's paired interval over the prompts is the spread. How many
+# prompts are served, how many training conversations and training minutes fit the 30-minute budget
+# depends on the CPU (SIZES).
 PRESET = [
     f"target={TARGET_DIR}", "prompts=sharegpt", "experiment=smollm2_dflash_cpu", "out=.cache/demo", "store=true",
     "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
@@ -44,22 +46,23 @@ PRESET = [
     # No validation split: the serve stage measures acceptance on the held-out prompts in vLLM
     # itself, and the minutes a validation pass (and its capture) would take go to training.
     "data.val=null",
-    "serve.num_prompts=16", "serve.max_tokens=128", "serve.rounds=2",
+    "serve.max_tokens=128", "serve.rounds=1",
 ]
 
 
-# What fits 30 minutes of stages on each CPU of this machine kind seen so far: the serve stage (the same
-# on every CPU) and the round-cost probe come first, the rows and training minutes take what is left
-# (on a CPU without AVX-512 nothing is left: see "other").
-# The arithmetic, from each CPU's measured per-stage throughputs: docs/benchmarks.md, demo_budget.
+# What fits 30 minutes of stages on each CPU of this machine kind seen so far, with training at least 35%
+# of them and measuring (probe + serve) at most 35%: the arithmetic is blockdraft/demo_budget.py, from
+# each CPU's measured throughputs (docs/benchmarks.md, demo_budget), and a test holds every class to it.
 # Training stops at max_minutes; max_steps is what those minutes buy at the CPU's step time, so that
 # the learning-rate schedule runs its course.
 SIZES = {
-    "amx": {"rows": 900, "minutes": 6.0, "steps": 3500},  # Xeon with AMX: 0.1025 s a step
-    "avx512_bf16": {"rows": 1000, "minutes": 5.5, "steps": 3300},  # EPYC with AVX-512: 0.11 s a step (2900 in 5.5 min)
-    # EPYC without AVX-512 (0.21 s a step): its serve stage alone, at 7.5 tokens/s, takes about 26 minutes,
-    # so nothing fits 30; the least that still trains a draft.
-    "other": {"rows": 100, "minutes": 1.0, "steps": 285},
+    # Xeon with AMX: 0.1025 s a step
+    "amx": {"rows": 1000, "minutes": 10.0, "steps": 5850, "serve_prompts": 16, "warmup_prompts": 2},
+    # EPYC with AVX-512: 0.1145 s a step
+    "avx512_bf16": {"rows": 1000, "minutes": 10.0, "steps": 5240, "serve_prompts": 16, "warmup_prompts": 2},
+    # EPYC without AVX-512 (0.21 s a step, 7.5 tokens/s served, 82 s a vLLM start-up): half the served prompts,
+    # and the rows that the ten minutes of training leave room for.
+    "other": {"rows": 250, "minutes": 10.0, "steps": 2850, "serve_prompts": 8, "warmup_prompts": 1},
 }
 CPU_NAMES = {"amx": "a CPU with AMX", "avx512_bf16": "a CPU with AVX512-BF16 and no AMX",
              "other": "a CPU without AVX512-BF16 or AMX"}
@@ -71,7 +74,8 @@ def cpu_class(facts: dict) -> str:
 
 def sized_for(facts: dict) -> List[str]:
     size = SIZES[cpu_class(facts)]
-    return [f"regen.num_train={size['rows']}", f"train.max_minutes={size['minutes']:g}", f"train.max_steps={size['steps']}"]
+    return [f"regen.num_train={size['rows']}", f"train.max_minutes={size['minutes']:g}", f"train.max_steps={size['steps']}",
+            f"serve.num_prompts={size['serve_prompts']}", f"serve.warmup_prompts={size['warmup_prompts']}"]
 
 
 def target_stage(target_dir: str) -> Stage:
@@ -112,9 +116,10 @@ def settings(argv: List[str], facts: Optional[dict] = None) -> PipelineSettings:
 def say_size(facts: dict) -> None:
     kind = cpu_class(facts)
     size = SIZES[kind]
-    print(f"[demo] {CPU_NAMES[kind]} ({facts.get('cpu_model')}): {size['rows']} training conversations and at most "
-          f"{size['minutes']:g} min ({size['steps']} steps) of training fit the 30-minute budget here "
-          "(docs/benchmarks.md, demo_budget); regen.num_train= and train.max_minutes= change them", flush=True)
+    print(f"[demo] {CPU_NAMES[kind]} ({facts.get('cpu_model')}): {size['rows']} training conversations, at most "
+          f"{size['minutes']:g} min ({size['steps']} steps) of training and {size['serve_prompts']} served prompts fit "
+          "the 30-minute budget here (docs/benchmarks.md, demo_budget); regen.num_train=, train.max_minutes= and "
+          "serve.num_prompts= change them", flush=True)
 
 
 def print_config(s: PipelineSettings) -> None:

@@ -235,6 +235,21 @@ def follow(stage: Stage, upstream: dict, records: StageRecords, began: float, po
         time.sleep(poll_s)
 
 
+def shares_line(stages: List[Stage], records: StageRecords) -> Optional[str]:
+    """What the run's stages and the probe took, as each stage last ran (stages.json): the share that went to
+    training, and to measuring (the probe and the serve stage)."""
+    seconds = {stage.name: records.get(stage.name).get("seconds") or 0.0 for stage in stages if stage.skip_reason is None}
+    probe = records.choice("round_cost") or {}
+    seconds["probe"] = probe.get("seconds") or 0.0
+    total = sum(seconds.values())
+    if total <= 0:
+        return None
+    measure = seconds["probe"] + seconds.get("serve", 0.0)
+    reused = " (the probe's figure read from this machine's record)" if probe.get("reused") else ""
+    return (f"stages and probe {total:.0f} s: training {seconds.get('train', 0.0) / total:.0%}, measuring "
+            f"(probe {seconds['probe']:.0f} s + serve {seconds.get('serve', 0.0):.0f} s) {measure / total:.0%}{reused}")
+
+
 def summarize(stages: List[Stage], records: StageRecords, spent: Dict[str, float], wall: float, report: Path) -> int:
     print("\n[pipeline] ================= stages =================")
     for stage in stages:
@@ -245,6 +260,9 @@ def summarize(stages: List[Stage], records: StageRecords, spent: Dict[str, float
         note = f"{spent[stage.name]:.0f} s" if stage.name in spent else f"cached ({then:.0f} s when it ran)"
         print(f"  {stage.name:<8} {note:<28} {stage.artifact}")
     print(f"  total    {wall:.0f} s this run")
+    line = shares_line(stages, records)
+    if line:
+        print(f"  shares   {line}")
     from blockdraft.machine import describe
 
     print(f"  machine  {describe()}")

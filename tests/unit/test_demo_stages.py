@@ -12,9 +12,9 @@ EPYC_PLAIN = {"amx": False, "avx512_bf16": False, "cpu_model": "AMD EPYC"}
 def test_an_override_replaces_the_preset_and_the_rest_of_the_preset_stays():
     s = demo.settings(["regen.num_train=24", "train.max_steps=16", "out=/tmp/d"], AMX)
     assert s.out == "/tmp/d" and s.experiment == "smollm2_dflash_cpu" and s.store == "true"
-    assert "num_train=24" in s.regen and "num_train=900" not in s.regen and "workers=96" in s.regen
-    assert "data.val=null" in s.recipe and "train.max_steps=16" in s.recipe and "train.max_steps=3500" not in s.recipe
-    assert "train.max_minutes=6" in s.recipe  # the rest of the CPU's size stays
+    assert "num_train=24" in s.regen and "num_train=1000" not in s.regen and "workers=96" in s.regen
+    assert "data.val=null" in s.recipe and "train.max_steps=16" in s.recipe and "train.max_steps=5850" not in s.recipe
+    assert "train.max_minutes=10" in s.recipe and "num_prompts=16" in s.serve  # the rest of the CPU's size stays
     assert s.target.endswith(demo.TARGET_DIR)
 
 
@@ -25,13 +25,14 @@ def test_the_preset_is_sized_for_the_cpu_and_says_so(capsys):
         sizes[demo.cpu_class(facts)] = ([w for w in s.regen if w.startswith("num_train=")],
                                         [w for w in s.recipe if w.startswith("train.max_")])
         demo.say_size(facts)
-    assert sizes["amx"] == (["num_train=900"], ["train.max_minutes=6", "train.max_steps=3500"])
-    assert sizes["other"] == (["num_train=100"], ["train.max_minutes=1", "train.max_steps=285"])
+    assert sizes["amx"] == (["num_train=1000"], ["train.max_minutes=10", "train.max_steps=5850"])
+    assert sizes["other"] == (["num_train=250"], ["train.max_minutes=10", "train.max_steps=2850"])
     shown = capsys.readouterr().out
-    assert "a CPU without AVX512-BF16 or AMX (AMD EPYC): 100 training conversations and at most 1 min (285 steps)" in shown
-    # The held-out prompts and the serve stage are the same on every CPU.
-    assert all("regen.num_heldout=48" in demo.preset(f) and "serve.num_prompts=16" in demo.preset(f)
-               for f in (AMX, EPYC_PLAIN))
+    assert ("a CPU without AVX512-BF16 or AMX (AMD EPYC): 250 training conversations, at most 10 min (2850 steps) "
+            "of training and 8 served prompts") in shown
+    # The held-out prompts are the same on every CPU; the slowest serves half of them.
+    assert all("regen.num_heldout=48" in demo.preset(f) for f in (AMX, EPYC_PLAIN))
+    assert "serve.num_prompts=16" in demo.preset(AMX) and "serve.num_prompts=8" in demo.preset(EPYC_PLAIN)
 
 
 def test_the_demo_target_stage_comes_first_and_is_recorded_by_directory(tmp_path):

@@ -3,11 +3,11 @@
 Every server gets the same target, arguments and token-id prompts; only the draft runs
 add `--speculative-config`. `servers=` says where the rounds run: one server of each side for
 every round, started side by side (kept, the default on a CPU; or frozen: the idle one stopped
-with SIGSTOP), each prompt going to both in turn, the order alternating prompt by prompt; or a
-fresh pair per round (the default on a GPU, where two servers would each claim their memory
-share), each side's prompts in one phase, baseline first in odd rounds. Either way drift on the
-machine hits both sides alike; the report gives the median over `rounds=` and a paired interval
-over prompts (docs/benchmarks.md, serve_methods, sets the methods side by side).
+with SIGSTOP), each round's prompts in two halves, the order of the sides reversed for the second
+(baseline, draft, draft, baseline); or a fresh pair per round (the default on a GPU, where two
+servers would each claim their memory share), each side's prompts in one phase. Rounds alternate
+which side goes first. The report gives the median over `rounds=` and a paired interval over
+prompts (docs/benchmarks.md, serve_methods, sets the methods side by side).
 Each server generates `warmup_prompts` untimed before its first measured prompt, and the idle
 server's CPU seconds during the measured requests go into the report. A DFlash2 or DSpark draft that
 the serving vLLM cannot run (they need its V2 GPU runner) goes to the reference engine instead, and
@@ -255,39 +255,44 @@ def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, sp
 
 def paired_round(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], record: RunRecord, round_: Round,
                  number: int, frozen: bool) -> None:
-    """Every prompt on both servers in turn, the order alternating prompt by prompt, so that drift on the
-    machine hits both sides of each pair alike; the draft's counters are read around each of its prompts (its
-    drafting rounds per prompt give the round cost's interval). Each server warms up before round 1."""
+    """Every prompt on both servers in two halves, the order reversed for the second (baseline, draft, draft,
+    baseline in an odd round): drift on the machine that runs one way through the round hits both sides
+    alike, with three switches between the servers in all. Not prompt by prompt: a server that has just
+    answered keeps a core busy for a while (0.6 s a request measured on a draft server), which would slow
+    the other side's next request at every switch. The draft's counters are read around each of its
+    prompts (its drafting rounds per prompt give the round cost's interval). Each server warms up before
+    round 1."""
     if number == 1:
         for phase in PHASES:
             with awake(servers[phase], frozen):
                 warm_up(cfg, servers[phase], prompts, record, phase)
-    done = {phase: [] for phase in PHASES}
-    spent = {phase: 0.0 for phase in PHASES}
+    done = {phase: {} for phase in PHASES}
     idle_cpu = {phase: 0.0 for phase in PHASES}
-    drafts, counted = [], SpecMetrics()
-    for i, prompt in enumerate(prompts):
-        for phase in round_.order if i % 2 == 0 else round_.order[::-1]:
+    drafts, counted = {}, SpecMetrics()
+    half = (len(prompts) + 1) // 2
+    for block, order in ((range(half), round_.order), (range(half, len(prompts)), round_.order[::-1])):
+        for phase in order:
             server, idle = servers[phase], servers[other_phase(phase)]
             with awake(server, frozen):
-                before = read_metrics(server, phase) if phase == "draft" else None
                 idle_before = idle.cpu_seconds()
-                completion = request(cfg, server, prompt, record, phase, number)
+                for i in block:
+                    before = read_metrics(server, phase) if phase == "draft" else None
+                    done[phase][i] = request(cfg, server, prompts[i], record, phase, number)
+                    if before is not None:
+                        delta = read_metrics(server, phase).minus(before)
+                        drafts[i] = delta.num_drafts
+                        counted = counted.plus(delta)
                 idle_cpu[phase] += idle.cpu_seconds() - idle_before
-                if before is not None:
-                    delta = read_metrics(server, phase).minus(before)
-                    drafts.append(delta.num_drafts)
-                    counted = counted.plus(delta)
-            done[phase].append(completion)
-            spent[phase] += completion.seconds
-    round_.baseline, round_.draft, round_.prompt_drafts, round_.paired = done["baseline"], done["draft"], drafts, True
-    round_.metrics = counted
+    round_.baseline, round_.draft = [done["baseline"][i] for i in range(len(prompts))], [done["draft"][i] for i in range(len(prompts))]
+    round_.prompt_drafts, round_.halves, round_.metrics = [drafts[i] for i in range(len(prompts))], True, counted
+    spent = {phase: sum(c.seconds for c in done[phase].values()) for phase in PHASES}
     for phase in PHASES:
         key = f"{phase}{phase_suffix(number)}"
         record.timings_s[f"generation_{key}"] = spent[phase]
         record.idle_cpu_s[key] = idle_cpu[phase]
-    say(f"{_label(record, 'baseline', number).replace(' baseline', '')}: {len(prompts)} prompts on each side, "
-        f"interleaved ({spent['baseline']:.1f} s baseline, {spent['draft']:.1f} s draft)")
+    which = f"round {number}/{record.planned_rounds}" if record.planned_rounds > 1 else "the round"
+    say(f"{which}: {len(prompts)} prompts on each side in two halves, the order reversed for the second "
+        f"({spent['baseline']:.1f} s baseline, {spent['draft']:.1f} s draft)")
 
 
 @contextlib.contextmanager

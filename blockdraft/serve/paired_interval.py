@@ -3,8 +3,9 @@
 Each prompt is generated on both sides (baseline and draft), so a prompt's pair of timings is one unit:
 resampling pairs keeps what the prompt decides (its length, how predictable its reply is) on both sides
 at once, and the interval says how much the figure would move with other prompts of the same kind. With
-the pair of servers kept and the prompts interleaved, drift on the machine hits both sides of a pair
-alike, so one round with this interval replaces the spread of several rounds (and their start-ups).
+the pair of servers kept and each half of the prompts served in the other order, drift that runs one way
+through the round hits both sides alike, so one round with this interval stands in for the spread of
+several rounds (and their start-ups).
 """
 
 from __future__ import annotations

@@ -32,15 +32,15 @@ PHASES = ("baseline", "draft")
 
 @dataclass
 class Round:
-    """One baseline run and one draft run of every prompt, in `order` (a paired round: prompt by prompt, the
-    order alternating from one prompt to the next)."""
+    """One baseline run and one draft run of every prompt, in `order` (a kept pair's round: the first half of
+    the prompts in `order`, the second half in the reverse)."""
 
     order: Tuple[str, ...] = PHASES
     baseline: Optional[List[Completion]] = None
     draft: Optional[List[Completion]] = None
     metrics: Optional[SpecMetrics] = None  # the draft run's counters
     prompt_drafts: Optional[List[float]] = None  # drafting rounds per prompt, where read prompt by prompt
-    paired: bool = False  # the prompts interleaved between the two servers
+    halves: bool = False  # a kept pair's round: two halves of the prompts, the order reversed for the second
 
     def pairs(self) -> List[PromptPair]:
         """Each prompt's baseline and draft timings side by side (the draft's rounds where known)."""
@@ -183,7 +183,7 @@ def _throughput(record: RunRecord) -> dict:
         "round_cost_interval": paired_interval.interval(pairs, paired_interval.round_cost)
         if pairs and all(p.drafts is not None for p in pairs) else None,
         "interval": {"level": paired_interval.LEVEL, "pairs": len(pairs), "method": "paired bootstrap over prompts",
-                     "prompts_interleaved": all(r.paired for r in record.rounds)} if pairs else None,
+                     "halves_in_reversed_order": all(r.halves for r in record.rounds)} if pairs else None,
         "tokens_per_s_baseline": _median([r["tokens_per_s_baseline"] for r in rounds]),
         "tokens_per_s_draft": _median([r["tokens_per_s_draft"] for r in rounds]),
         "speedup": _median(ratios),

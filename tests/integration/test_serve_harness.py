@@ -65,7 +65,7 @@ def test_one_round_serves_each_side_once(setup):
 
 
 @pytest.mark.parametrize("method", ["frozen", "kept"])
-def test_a_pair_kept_for_every_round_starts_twice_and_interleaves_the_prompts(setup, method):
+def test_a_pair_kept_for_every_round_starts_twice_and_serves_each_half_in_turn(setup, method):
     setup.servers = method
     report = harness.run(setup)
     assert report["passed"] and report["lossless"] and report["servers"] == method
@@ -80,30 +80,30 @@ def test_a_pair_kept_for_every_round_starts_twice_and_interleaves_the_prompts(se
     assert sorted(report["idle_server_cpu_s"]) == ["baseline", "baseline_round2", "draft", "draft_round2"]
     # 4 prompts x 2 rounds paired: intervals around the speedup and the round cost.
     assert report["interval"] == {"level": 0.95, "pairs": 8, "method": "paired bootstrap over prompts",
-                                  "prompts_interleaved": True}
+                                  "halves_in_reversed_order": True}
     for key in ("speedup_interval", "round_cost_interval"):
         low, high = report[key]
         assert 0 < low <= high, (key, report[key])
 
 
-def test_kept_servers_interleave_the_prompts_alternating_which_side_goes_first(setup, monkeypatch):
-    # With two prompts a side in one round the requests must go baseline, draft (prompt 0), then draft,
-    # baseline (prompt 1); the warm-up's short requests name each server's url, baseline first.
-    setup.rounds, setup.num_prompts, setup.warmup_prompts, setup.servers = 1, 2, 0, "kept"
+def test_kept_servers_serve_the_first_half_in_the_rounds_order_and_the_second_half_reversed(setup, monkeypatch):
+    # Four prompts a side in one round: baseline 0, 1, draft 0, 1, then draft 2, 3, baseline 2, 3; the warm-up's
+    # short requests name each server's url, baseline first.
+    setup.rounds, setup.num_prompts, setup.warmup_prompts, setup.servers = 1, 4, 0, "kept"
     arrivals = []
     real = harness.complete
 
-    def logged(url, *args, **kwargs):
-        arrivals.append(url)
-        return real(url, *args, **kwargs)
+    def logged(url, model, prompt, *args, **kwargs):
+        arrivals.append((url, tuple(prompt.token_ids)))
+        return real(url, model, prompt, *args, **kwargs)
 
     monkeypatch.setattr(harness, "complete", logged)
     report = harness.run(setup)
     assert report["passed"]
-    warm = arrivals[:2]  # one short warm-up request per server, baseline first
-    measured = arrivals[2:]
-    assert len(measured) == 4 and measured[0] == warm[0] and measured[1] == warm[1]
-    assert measured[2] == warm[1] and measured[3] == warm[0]
+    (base, first), (draft, _) = arrivals[:2]
+    prompts = list(dict.fromkeys(ids for _, ids in arrivals[2:]))
+    assert [(url, prompts.index(ids)) for url, ids in arrivals[2:]] == [
+        (base, 0), (base, 1), (draft, 0), (draft, 1), (draft, 2), (draft, 3), (base, 2), (base, 3)]
 
 
 def test_the_default_on_a_cpu_is_a_kept_pair_started_side_by_side(setup):
@@ -117,7 +117,7 @@ def test_fresh_servers_warm_up_each_time_and_still_give_a_paired_speedup_interva
     fresh = harness.run(setup)
     assert len([k for k in fresh["timings_s"] if k.startswith("warmup_")]) == 4 and fresh["idle_server_cpu_s"] == {}
     assert fresh["speedup_interval"] is not None and fresh["round_cost_interval"] is None
-    assert fresh["interval"]["prompts_interleaved"] is False
+    assert fresh["interval"]["halves_in_reversed_order"] is False
 
 
 def test_a_frozen_idle_server_takes_no_cpu_while_the_other_is_measured(setup, monkeypatch):

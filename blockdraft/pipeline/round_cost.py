@@ -3,7 +3,7 @@
 A draft-and-verify round yields the draft's mean acceptance length in tokens and costs some
 number of plain decode steps; the speedup is about their ratio. The round cost depends on the
 machine (1.01 plain steps on one 2-core CPU, 1.42 on another of the same kind) and on the draft's
-shape, not on its training: so it is measured here, in about a minute on a 2-core CPU, with an
+shape, not on its training: so it is measured here, in one to two minutes on a 2-core CPU, with an
 untrained draft of the recipe's shape served by the same harness as the serve stage (both servers
 loading side by side, a few short prompts interleaved), and the pipeline prints the acceptance
 length the trained draft will need. The figure is kept per machine, vLLM, target and draft shape
@@ -24,10 +24,10 @@ from blockdraft.pipeline.records import StageRecords
 from blockdraft.pipeline.settings import PipelineSettings
 
 CHOICE = "round_cost"
-# Four greedy prompts of 32 tokens a side, generated to their end, after one of warm-up: four pairs give the
-# report's paired interval; an untrained draft is rejected at once, so each round yields one token and 128
-# tokens a side are 128 rounds.
-PROBE_SETTINGS = ["prompts=tiny", "num_prompts=4", "max_tokens=32", "ignore_eos=true", "rounds=1",
+# Four greedy prompts of 64 tokens a side, generated to their end, after one of warm-up: four pairs give the
+# report's paired interval; an untrained draft is rejected at once, so each round yields one token and 256
+# tokens a side are 256 rounds. (32 tokens a side gave an interval of 1.19 to 1.56 on a 2-core Xeon.)
+PROBE_SETTINGS = ["prompts=tiny", "num_prompts=4", "max_tokens=64", "ignore_eos=true", "rounds=1",
                   "min_acceptance_length=null", "overwrite=true", "warmup_prompts=1"]
 # What the probe takes of the user's serve overrides: how vLLM runs, not what it is asked.
 PASSED_ON = ("vllm_python", "device", "kv_cache_gib", "max_num_seqs", "extra_vllm_args", "servers",
@@ -51,7 +51,7 @@ def early_round_cost(s: PipelineSettings, cfgs: dict, records: StageRecords) -> 
     parts = {"machine": round_cost_record.machine_part(machine_facts()),
              "serving": round_cost_record.serving_stack(serve.vllm_python_path()),
              "target": target_fingerprint(s.target), "draft": _shape(cfgs["train"]),
-             "serve": [w for w in s.serve if w.split("=")[0] in KEYED]}
+             "serve": [w for w in s.serve if w.split("=")[0] in KEYED], "probe": PROBE_SETTINGS}
     key = stage_key(parts)
     recorded = round_cost_record.read(key)
     if recorded:
@@ -98,7 +98,7 @@ def _measure(s: PipelineSettings, cfgs: dict) -> tuple:
 
     root = s.root / "round_cost"
     say(f"round cost: serving an untrained draft of the recipe's shape on {root} (two vLLM servers loading side by "
-        "side, then 4 short prompts a side: about a minute on a 2-core CPU; kept for later runs on this machine)")
+        "side, then 4 short prompts a side: one to two minutes on a 2-core CPU; kept for later runs on this machine)")
     export = write_untrained_export(cfgs["train"], s.target, root)
     passed = [w for w in s.serve if w.split("=")[0] in PASSED_ON]
     argv = [commands.python(), "-m", "blockdraft.serve", f"draft_dir={export}", f"target_dir={s.target}",

@@ -38,6 +38,8 @@ from blockdraft.vllm_runtime.omp_binding import omp_binding
 from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings, start_together
 
 WARM_UP_TOKENS = 8  # one short request first: lazy initialisation must not count as decoding time
+# A server counts as quiet once it uses under 20 ms of CPU in half a second (its CPU time ticks in 10 ms).
+QUIET_CPU_S, QUIET_WINDOW_S, QUIET_MAX_S = 0.02, 0.5, 15.0
 RUNNER_MARKERS = (("Using V2 Model Runner", "v2"), ("using the V1 model runner instead", "v1"))
 
 
@@ -260,8 +262,8 @@ def paired_round(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], 
     alike, with three switches between the servers in all. Not prompt by prompt: a server that has just
     answered keeps a core busy for a while (0.6 s a request measured on a draft server), which would slow
     the other side's next request at every switch. The draft's counters are read around each of its
-    prompts (its drafting rounds per prompt give the round cost's interval). Each server warms up before
-    round 1."""
+    prompts (its drafting rounds per prompt give the round cost's interval). Before each half a side
+    starts, the other server is waited on until it is quiet. Each server warms up before round 1."""
     if number == 1:
         for phase in PHASES:
             with awake(servers[phase], frozen):
@@ -273,6 +275,8 @@ def paired_round(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], 
     for block, order in ((range(half), round_.order), (range(half, len(prompts)), round_.order[::-1])):
         for phase in order:
             server, idle = servers[phase], servers[other_phase(phase)]
+            key = f"{phase}{phase_suffix(number)}"
+            record.quiet_wait_s[key] = record.quiet_wait_s.get(key, 0.0) + wait_until_quiet(idle)
             with awake(server, frozen):
                 idle_before = idle.cpu_seconds()
                 for i in block:
@@ -283,8 +287,9 @@ def paired_round(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], 
                         drafts[i] = delta.num_drafts
                         counted = counted.plus(delta)
                 idle_cpu[phase] += idle.cpu_seconds() - idle_before
-    round_.baseline, round_.draft = [done["baseline"][i] for i in range(len(prompts))], [done["draft"][i] for i in range(len(prompts))]
-    round_.prompt_drafts, round_.halves, round_.metrics = [drafts[i] for i in range(len(prompts))], True, counted
+    in_order = range(len(prompts))
+    round_.baseline, round_.draft = [done["baseline"][i] for i in in_order], [done["draft"][i] for i in in_order]
+    round_.prompt_drafts, round_.halves, round_.metrics = [drafts[i] for i in in_order], True, counted
     spent = {phase: sum(c.seconds for c in done[phase].values()) for phase in PHASES}
     for phase in PHASES:
         key = f"{phase}{phase_suffix(number)}"
@@ -293,6 +298,21 @@ def paired_round(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], 
     which = f"round {number}/{record.planned_rounds}" if record.planned_rounds > 1 else "the round"
     say(f"{which}: {len(prompts)} prompts on each side in two halves, the order reversed for the second "
         f"({spent['baseline']:.1f} s baseline, {spent['draft']:.1f} s draft)")
+
+
+def wait_until_quiet(server: VllmServer) -> float:
+    """Seconds until `server` used under QUIET_CPU_S of CPU in QUIET_WINDOW_S (at most QUIET_MAX_S): a vLLM
+    server that has just answered keeps a core busy for up to a second (1.0 s measured while the other
+    side's first requests ran), which the other side's timing must not pay."""
+    began = time.monotonic()
+    last = server.cpu_seconds()
+    while time.monotonic() - began < QUIET_MAX_S:
+        time.sleep(QUIET_WINDOW_S)
+        now = server.cpu_seconds()
+        if now - last < QUIET_CPU_S:
+            break
+        last = now
+    return time.monotonic() - began
 
 
 @contextlib.contextmanager

@@ -83,6 +83,7 @@ class RunRecord:
     planned_rounds: int = 1
     timings_s: Dict[str, float] = field(default_factory=dict)
     idle_cpu_s: Dict[str, float] = field(default_factory=dict)  # the idle server's CPU seconds per measured phase
+    quiet_wait_s: Dict[str, float] = field(default_factory=dict)  # waits for the idle server to go quiet, per phase
     environment: Dict[str, object] = field(default_factory=dict)  # vllm_version, device, runner
     warnings: List[str] = field(default_factory=list)
     extra_failures: List[str] = field(default_factory=list)
@@ -107,6 +108,7 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
         "prompts_skipped_too_long": record.prompts_too_long,
         "timings_s": record.timings_s,
         "idle_server_cpu_s": record.idle_cpu_s,
+        "idle_server_quiet_wait_s": record.quiet_wait_s,
         "warnings": list(record.warnings),
         "held_out": record.held_out,
     }

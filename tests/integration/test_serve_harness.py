@@ -78,6 +78,7 @@ def test_a_pair_kept_for_every_round_starts_twice_and_serves_each_half_in_turn(s
     # Each server warms up once, before round 1; every measured phase has the idle server's CPU seconds beside it.
     assert sorted(k for k in report["timings_s"] if k.startswith("warmup_")) == ["warmup_baseline", "warmup_draft"]
     assert sorted(report["idle_server_cpu_s"]) == ["baseline", "baseline_round2", "draft", "draft_round2"]
+    assert sorted(report["idle_server_quiet_wait_s"]) == ["baseline", "baseline_round2", "draft", "draft_round2"]
     # 4 prompts x 2 rounds paired: intervals around the speedup and the round cost.
     assert report["interval"] == {"level": 0.95, "pairs": 8, "method": "paired bootstrap over prompts",
                                   "halves_in_reversed_order": True}
@@ -106,6 +107,21 @@ def test_kept_servers_serve_the_first_half_in_the_rounds_order_and_the_second_ha
         (base, 0), (base, 1), (draft, 0), (draft, 1), (draft, 2), (draft, 3), (base, 2), (base, 3)]
 
 
+def test_each_half_waits_until_the_idle_server_is_quiet(monkeypatch):
+    class Server:  # its CPU seconds at each read: busy for three reads, then still
+        def __init__(self, readings):
+            self.readings = iter(readings)
+
+        def cpu_seconds(self):
+            return next(self.readings)
+
+    monkeypatch.setattr(harness, "QUIET_WINDOW_S", 0.01)
+    assert 0.03 <= harness.wait_until_quiet(Server([0.0, 0.2, 0.5, 0.9, 0.905, 0.905])) < 0.5
+    monkeypatch.setattr(harness, "QUIET_MAX_S", 0.05)
+    spinning = Server(x * 0.1 for x in range(1000))
+    assert harness.wait_until_quiet(spinning) < 0.2  # bounded: a server that never quiets is measured anyway
+
+
 def test_the_default_on_a_cpu_is_a_kept_pair_started_side_by_side(setup):
     kept = harness.run(setup)
     assert kept["servers"] == "kept" and kept["warmup_prompts"] == 2
@@ -125,6 +141,7 @@ def test_a_frozen_idle_server_takes_no_cpu_while_the_other_is_measured(setup, mo
     # the idle server takes CPU from the measured one; frozen, it takes none.
     monkeypatch.setenv("FAKE_BUSY", "1")
     monkeypatch.setenv("FAKE_SLOW_S", "0.3")
+    monkeypatch.setattr(harness, "QUIET_MAX_S", 0.6)  # a spinning server never goes quiet: wait no longer
     monkeypatch.setenv("FAKE_DIR", str(Path(setup.out).parent))
     setup.rounds, setup.warmup_prompts = 1, 0
     out = setup.out

@@ -31,5 +31,5 @@ def test_the_old_one_minute_size_fails_the_shares_on_the_slowest_class():
 
 def test_each_cpu_class_gets_its_size_and_served_prompts():
     words = demo.preset({"amx": False, "avx512_bf16": False, "cpu_model": "x"})
-    assert "regen.num_train=250" in words and "serve.num_prompts=8" in words and "train.max_minutes=10" in words
+    assert "regen.num_train=200" in words and "serve.num_prompts=6" in words and "train.max_minutes=11" in words
     assert "serve.rounds=1" in words

@@ -41,6 +41,8 @@ class MarkovHead(nn.Module):
     def __init__(self, vocab_size: int, draft_vocab_size: int, rank: int):
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab_size, rank)
+        # Read at the batch's previous tokens only: AdamW steps those rows (train/seen_rows_adamw.py reads the flag).
+        self.markov_w1.weight.row_lazy = True
         self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
         nn.init.zeros_(self.markov_w2.weight)
 

@@ -11,6 +11,7 @@ import torch
 
 from blockdraft.errors import ConfigError
 from blockdraft.machine import fast_cpu_bfloat16
+from blockdraft.train.seen_rows_adamw import SeenRowsAdamW
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -146,7 +147,8 @@ def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     check_optim_config(cfg)
     params = list(params)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        # AdamW; a lookup table marked row_lazy (DSpark's Markov table) is stepped in the rows a batch saw.
+        return SeenRowsAdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     # Muon orthogonalises a matrix's update; vectors (norms, biases, a mask embedding) and other
     # shapes (DFlash2's [2, taps, H] base kernels) stay with AdamW.
     matrices = [p for p in params if p.ndim == 2]

@@ -202,7 +202,8 @@ class DraftModelConfig:
                 f"vocabulary of {self.vocab_size}); set 1, 2, 4, 8 or 16."
             )
         # num_speculative_tokens < block_size holds for what training writes: this layout drafts block_size - 1
-        # slots (drafted_per_round). A larger count asked of serve is only warned about (serve/preflight.py).
+        # slots (drafted_per_round). A larger count asked of serve is refused there, as vLLM would refuse it
+        # (serve/preflight.py, check_drafted_tokens; the pipeline checks its serve key before any stage).
         width, heads = self.lilicorr_width, self.lilicorr_num_heads
         if heads < 1 or width % heads:
             raise ConfigError(

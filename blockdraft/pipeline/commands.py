@@ -144,6 +144,7 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
     check_config(out["train"], data_ready=False)
     check_capture_options(out["capture"])
     out["serve"].validate_settings()
+    check_recipe_drafted_tokens(out["train"], out["serve"])
     if out["serve"].engine != "reference":
         out["serve"].vllm_python_path()  # the serving environment exists
         check_server_method(out["serve"])
@@ -173,3 +174,12 @@ def _one_line(err: Exception) -> str:
     text = " ".join(str(err).split())
     return text[:600]
 
+
+def check_recipe_drafted_tokens(train_cfg, serve_cfg) -> None:
+    """serve.num_speculative_tokens against the recipe's draft, before any stage: a count vLLM would refuse for
+    this kind (LiLiCorr: at most block_size - 1) would otherwise stop the run at its serve stage, hours on."""
+    from blockdraft.serve.preflight import check_drafted_tokens
+
+    k = serve_cfg.num_speculative_tokens
+    if k is not None:
+        check_drafted_tokens(train_cfg.draft.kind, k, train_cfg.draft.block_size, key="serve.num_speculative_tokens")

@@ -239,6 +239,15 @@ def fc_in_features(directory: Path) -> Optional[int]:
     return None
 
 
+def check_drafted_tokens(kind: str, k: int, block_size: Optional[int], key: str = "num_speculative_tokens") -> None:
+    """vLLM 0.32's LiLiCorr refuses to start unless 1 <= num_speculative_tokens < its block_size (its lattice
+    has block_size - 1 slots after the anchor): refused here, with the fix, before any server loads."""
+    if kind == "lilicorr" and block_size is not None and k >= block_size:
+        raise ConfigError(f"{key}={k} with a LiLiCorr draft of block_size={block_size}: vLLM's LiLiCorr drafts at most "
+                          f"block_size - 1 = {block_size - 1} tokens a round and will not start otherwise; set {key}="
+                          f"{block_size - 1} or fewer (null: {block_size - 1}).")
+
+
 # --- what the serving vLLM can do ------------------------------------------------------
 def speculative_tokens(requested: Optional[int], trained: Optional[int], label: str = "block_size - 1") -> tuple[int, List[str]]:
     """-> (num_speculative_tokens, warnings). Default: the trained drafted tokens (`label` says how they
@@ -380,6 +389,7 @@ def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) 
     check_against_target(draft, target)
     check_fc_weight(draft, target, fc_in_features(draft.directory))
     k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.trained_tokens, draft.trained_tokens_label)
+    check_drafted_tokens(draft.kind, k, draft.block_size)
     info = probe(python, target.architecture)
     engine, notes = choose_engine(draft, info, target, cfg.engine)
     if engine == "vllm":

@@ -192,6 +192,19 @@ def test_a_frozen_pair_on_a_gpu_is_refused_before_any_work(target, tmp_path, cap
     assert "serve.servers=frozen keeps a baseline and a draft" in capsys.readouterr().err and not out.exists()
 
 
+@pytest.mark.parametrize("k, refused", [(4, True), (3, False)])
+def test_a_lilicorr_drafted_count_vllm_would_refuse_stops_the_pipeline_before_any_work(target, tmp_path, capsys, k, refused):
+    out = tmp_path / "p"
+    words = [f"target={TARGET}", "prompts=tiny", "experiment=tiny_cpu", "draft=lilicorr", f"out={out}",
+             f"serve.num_speculative_tokens={k}"]
+    if refused:
+        assert app.main(words) == 2
+        assert ("serve.num_speculative_tokens=4 with a LiLiCorr draft of block_size=4: vLLM's LiLiCorr drafts at most "
+                "block_size - 1 = 3 tokens") in capsys.readouterr().err and not out.exists()
+    else:
+        app.prepare(parse_overrides(words))  # the same count, one lower, composes
+
+
 def test_dspark_settings_key_a_dspark_run_only(target, tmp_path):
     """Settings that shape only a DSpark draft are in a DSpark run's train key, and out of every other
     kind's, so a finished DFlash run kept its key when they were added."""

@@ -70,6 +70,16 @@ def test_a_matching_draft_passes(tmp_path, target_dir):
     assert (draft.kind, draft.block_size, draft.target_layer_ids) == ("dflash", 4, [1, 3])
 
 
+def test_a_lilicorr_draft_is_refused_a_count_its_vllm_drafter_would_not_start_with():
+    from blockdraft.serve.preflight import check_drafted_tokens
+
+    with pytest.raises(ConfigError, match=r"num_speculative_tokens=4 with a LiLiCorr draft of block_size=4: .* set "
+                                          r"num_speculative_tokens=3 or fewer"):
+        check_drafted_tokens("lilicorr", 4, 4)
+    check_drafted_tokens("lilicorr", 3, 4)
+    check_drafted_tokens("dflash", 4, 4)  # above the trained count: a warning elsewhere, not a refusal
+
+
 def test_a_name_no_dflash_drafter_has_is_refused_with_the_served_names(tmp_path, target_dir):
     # (Qwen3DFlashDraftModel and its DFlash2 sibling are served through vllm_plugin/: test_serve_draft_aliases.py)
     refused(write_draft(tmp_path / "d", arch="Qwen3ForCausalLM"), target_dir, r"DFlashDraftModel.*Re-export")
@@ -109,6 +119,7 @@ def test_num_speculative_tokens_defaults_to_the_trained_tokens_and_says_other_va
     assert k == 7 and "below" in note
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
         speculative_tokens(None, None)
+
     # The trained tokens follow the layout: block_size - 1 for DFlash, block_size for DSpark drafting from its anchor.
     dflash = read_draft(write_draft(tmp_path / "d"))
     assert dflash.trained_tokens == dflash.block_size - 1

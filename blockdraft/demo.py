@@ -37,11 +37,11 @@ TARGET_DIR = ".cache/targets/smollm2-135m-instruct"
 PRESET = [
     f"target={TARGET_DIR}", "prompts=sharegpt", "experiment=smollm2_dflash_cpu", "out=.cache/demo", "store=true",
     "regen.num_heldout=48", "regen.max_tokens=128", "regen.max_prompt_tokens=256",
-    # 96 requests in flight: 1.36x the generated tokens/s of 32 on two cores (docs/benchmarks.md,
+    # 96 requests in flight: 1.36x the generated tokens/s of 32 on two cores (docs/benchmarks-history.md,
     # stage_levers_workers_288); the minutes saved go to rows and training.
     "regen.workers=96",
     # The target's forward in bfloat16 where the CPU has AVX512-BF16 or AMX (float32 elsewhere), 8 rows
-    # at a time: 1.76x the capture's tokens/s of one float32 row (docs/benchmarks.md, stage_levers_capture).
+    # at a time: 1.76x the capture's tokens/s of one float32 row (docs/benchmarks-history.md, stage_levers_capture).
     "capture.compute_dtype=auto", "capture.rows_per_forward=8",
     # No validation split: the serve stage measures acceptance on the held-out prompts in vLLM
     # itself, and the minutes a validation pass (and its capture) would take go to training.
@@ -52,7 +52,7 @@ PRESET = [
 
 # What fits 30 minutes of stages on each CPU of this machine kind seen so far, with training at least 35%
 # of them and measuring (probe + serve) at most 35%: the arithmetic is blockdraft/demo_budget.py, from
-# each CPU's measured throughputs (docs/benchmarks.md, demo_budget), and a test holds every class to it.
+# each CPU's measured throughputs (docs/benchmarks-history.md, demo_budget), and a test holds every class to it.
 # Training stops at max_minutes; max_steps is what those minutes buy at the CPU's step time, so that
 # the learning-rate schedule runs its course.
 SIZES = {
@@ -118,7 +118,7 @@ def say_size(facts: dict) -> None:
     size = SIZES[kind]
     print(f"[demo] {CPU_NAMES[kind]} ({facts.get('cpu_model')}): {size['rows']} training conversations, at most "
           f"{size['minutes']:g} min ({size['steps']} steps) of training and {size['serve_prompts']} served prompts fit "
-          "the 30-minute budget here (docs/benchmarks.md, demo_budget); regen.num_train=, train.max_minutes= and "
+          "the 30-minute budget here (docs/benchmarks-history.md, demo_budget); regen.num_train=, train.max_minutes= and "
           "serve.num_prompts= change them", flush=True)
 
 

@@ -1,7 +1,7 @@
 """What the demo's stages cost on each CPU class it was measured on, and so what size fits 30 minutes.
 
 Each class's throughputs come from a fresh-clone `make demo` on a 2-core machine of that class
-(docs/benchmarks.md, demo_budget, gives each figure's run); `stage_seconds` turns a preset size into
+(docs/benchmarks-history.md, demo_budget, gives each figure's run); `stage_seconds` turns a preset size into
 seconds per stage, and `shares` into what a newcomer's half hour goes to. The preset (`demo.SIZES`) is
 chosen so that on every class the stages and the probe fit 30 minutes, training takes at least 35% of
 them and measuring (probe + serve) at most 35%; a test holds every class to that.
@@ -32,7 +32,7 @@ class Throughputs:
     probe_token_s: float  # the same with the probe's untrained draft (one token a round)
 
 
-# From each class's demo (docs/benchmarks.md, demo_budget): AMX 2026-12-03 (9323034), AVX512-BF16
+# From each class's demo (docs/benchmarks-history.md, demo_budget): AMX 2026-12-03 (9323034), AVX512-BF16
 # 2026-12-04 (5992ac1), neither 2026-12-03 (7b0ee35). The untrained draft's token costs a round: the round
 # cost measured there (1.22, 1.05, 1.42) times a plain step.
 MEASURED = {

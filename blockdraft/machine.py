@@ -32,7 +32,7 @@ def machine_facts() -> dict:
 def fast_cpu_bfloat16() -> bool:
     """The CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Without either, torch's bfloat16
     matmuls ran about 28x slower than float32 on a 2-core x86 machine; with AMX, Muon's Newton-Schulz
-    step took 0.18 s against 0.40 s in float32 (docs/benchmarks.md, learning_levers)."""
+    step took 0.18 s against 0.40 s in float32 (docs/benchmarks-history.md, learning_levers)."""
     flags = _cpu_flags(_read("/proc/cpuinfo"))
     return "avx512_bf16" in flags or any(x.startswith("amx") for x in flags)
 

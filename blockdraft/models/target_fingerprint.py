@@ -5,7 +5,7 @@ so each weight file contributes its name, its size, its safetensors header (ever
 name, dtype, shape and offsets) and SAMPLES evenly spaced windows of its bytes. New weights of
 the same architecture (a fine-tune written over the old files) change every window; a copy of
 the same files elsewhere, or the same files touched, changes nothing. Measured on a 16 GB
-target laid out as Qwen3-8B's five shards in docs/benchmarks.md (scripts/bench/bench_fingerprint.py).
+target laid out as Qwen3-8B's five shards in docs/benchmarks-history.md (scripts/bench/bench_fingerprint.py).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class ServeConfig:
     servers: str = "auto"
     """Where the rounds run: kept (one baseline and one draft server for every round, started side by side, each
     prompt sent to both in turn: 2 start-ups; it measured 1.375x where fresh servers measured 1.376x on a 2-core
-    CPU, docs/benchmarks.md serve_methods) | frozen (the same, the idle one stopped with SIGSTOP; it read 3.7%
+    CPU, docs/benchmarks-history.md serve_methods) | frozen (the same, the idle one stopped with SIGSTOP; it read 3.7%
     high there) | fresh (a new pair every round: 2 start-ups a round) | auto (kept on a CPU; fresh on a GPU,
     where two servers at once would each claim their memory share)."""
     warmup_prompts: int = 2

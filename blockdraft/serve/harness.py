@@ -7,7 +7,7 @@ with SIGSTOP), each round's prompts in two halves, the order of the sides revers
 (baseline, draft, draft, baseline); or a fresh pair per round (the default on a GPU, where two
 servers would each claim their memory share), each side's prompts in one phase. Rounds alternate
 which side goes first. The report gives the median over `rounds=` and a paired interval over
-prompts (docs/benchmarks.md, serve_methods, sets the methods side by side).
+prompts (docs/benchmarks-history.md, serve_methods, sets the methods side by side).
 Each server generates `warmup_prompts` untimed before its first measured prompt, and the idle
 server's CPU seconds during the measured requests go into the report. A DFlash2 or DSpark draft that
 the serving vLLM cannot run (they need its V2 GPU runner) goes to the reference engine instead, and

@@ -40,7 +40,7 @@ class LoopConfig:
     loss_normalization: Optional[str] = None
     """What a micro-batch's weighted loss sum is divided by: weights (sum of the position weights) | blocks
     (blocks with a supervised slot) | tokens (supervised slots); null = the weighting's own default
-    (decay: weights; dpace: tokens, measured in docs/benchmarks.md)."""
+    (decay: weights; dpace: tokens, measured in docs/benchmarks-history.md)."""
     dpace_alpha: float = 0.5
     """dpace: smoothing of each slot's confidence, alpha + (1 - alpha) p (0.5 is the paper's default)."""
     ce_weight: float = 1.0

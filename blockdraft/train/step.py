@@ -229,7 +229,7 @@ def loss_normalization(cfg: LoopConfig) -> str:
 
 
 # D-PACE by its supervised slots: measured against weights and blocks on the demo's store, where it
-# gave the best held-out accept_len by a margin within the seed spread (docs/benchmarks.md, "Loss
+# gave the best held-out accept_len by a margin within the seed spread (docs/benchmarks-history.md, "Loss
 # normalisation"). The decay keeps the weighted mean it was tuned with.
 DEFAULT_NORMALIZATION = {"decay": "weights", "dpace": "tokens"}
 

@@ -1,5 +1,5 @@
 """Capture on one process against two ranks under torchrun (gloo): rows/s, and the two stores compared row by
-row (every row's tensors equal). Section `capture_ranks` of docs/benchmarks.md.
+row (every row's tensors equal). Section `capture_ranks` of docs/benchmarks-history.md.
 
 The target is a small random Qwen3 (width 512, 8 layers, the project's tiny tokenizer) built from a config
 under .cache/targets/; the rows are the tiny recipe's, repeated (`--rows`, each made distinct) into one file.

@@ -14,7 +14,7 @@ of each reply as serving takes it (`blockdraft.train.metrics.walked_rounds`, gre
 accepted run the Markov head's teacher-forced previous token is the drafted one, so the walk is
 exact). Calibration: on the walked rounds, per slot, the rounds that reached it, the share that
 accepted it and the head's mean predicted acceptance. Results are kept in <out>/results.json
-(resumable); writes its section of docs/benchmarks.md.
+(resumable); writes its section of docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

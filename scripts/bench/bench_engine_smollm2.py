@@ -5,7 +5,7 @@
 Both decode the same held-out prompts (the demo's heldout.jsonl, chat template applied)
 with the same target in transformers (fp32, CPU, batch size 1); the speculative run must
 produce the very same tokens. Prints tokens/s of each, the speedup, the mean acceptance
-length and the acceptance per position, and writes them to docs/benchmarks.md.
+length and the acceptance per position, and writes them to docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
    The head's share (vocabulary projection + CE, forward and backward) is timed on its own on
    the recipe's shapes, since the step's backward cannot be split by module.
 3. The share of reply tokens the N most frequent ones cover, N = 8192, 16384, 32768.
-Runs one job at a time (never two on the cores) and writes docs/benchmarks.md. `--store DIR`
+Runs one job at a time (never two on the cores) and writes docs/benchmarks-history.md. `--store DIR`
 keeps the store there (a later run with the same DIR reuses it and times only the training).
 """
 

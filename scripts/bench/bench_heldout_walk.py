@@ -7,7 +7,7 @@ held-out rows hold the target's greedy replies to them, which the lossless serve
 those rows, with every valid anchor drawn, the exported draft is scored as training scores it (the
 mean over anchors) and as serving walks a reply (each round's anchor where the last one ended,
 `blockdraft.train.metrics.walked_accept_length`); the table sets both beside the vLLM counters of
-the serve report. Needs `make demo`'s outputs. Writes its section of docs/benchmarks.md.
+the serve report. Needs `make demo`'s outputs. Writes its section of docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

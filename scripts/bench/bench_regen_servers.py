@@ -14,7 +14,7 @@ round; the sides not measured are frozen (SIGSTOP of their process groups) so th
 regen's own count of generated tokens over the seconds of its run (blockdraft.regen.runner), start-up
 excluded. Needs .venv-serve; the SmolLM2 target comes from `python -m blockdraft.models.prepare_gguf` (else
 pass `--target` the tiny one). Run nothing else on the cores meanwhile. Writes the `regen_servers` section of
-docs/benchmarks.md.
+docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

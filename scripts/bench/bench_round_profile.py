@@ -13,7 +13,7 @@ The configurations are alternated --repeats times so that drift on the machine h
 round cost at k is the median decode step with the draft over the median plain step of the same repeat.
 --levers adds, to every repeat, the draft at the largest k with a 4096-token draft vocabulary, and plain
 and that draft with VLLM_CPU_OMP_THREADS_BIND=nobind (OpenMP threads left to torch, not pinned).
-Writes docs/benchmarks.md (section round_profile).
+Writes docs/benchmarks-history.md (section round_profile).
 """
 
 from __future__ import annotations

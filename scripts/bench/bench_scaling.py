@@ -1,5 +1,5 @@
 """What a training budget buys on SmolLM2-135M: held-out accept_len against training minutes and
-training rows, for one recipe, from a feature store; a table and a plot in docs/benchmarks.md.
+training rows, for one recipe, from a feature store; a table and a plot in docs/benchmarks-history.md.
 
     .venv/bin/python scripts/bench/bench_scaling.py --store DIR [--minutes 3 6 12] [--rows 500 1000]
         [--step-time S] [--recipe OVERRIDE ...] [--serve-report LABEL=report.json ...]

@@ -1,5 +1,5 @@
 """vLLM serving with and without the demo draft on the held-out prompts: tokens/s, speedup,
-mean acceptance length, acceptance per position; written to docs/benchmarks.md.
+mean acceptance length, acceptance per position; written to docs/benchmarks-history.md.
 
     .venv/bin/python scripts/bench/bench_serve.py                      # runs the smoke-serve harness
     .venv/bin/python scripts/bench/bench_serve.py --report .cache/demo/serve/report.json   # reuses a run

@@ -13,7 +13,7 @@ phase, read from /proc. The methods run one after another, so drift of the machi
 second pass in the reverse order (`--methods` reversed, `--earlier` naming the first pass's `--out`) puts every
 method early and late, and the table gives each pass and all rounds together. Needs `make demo` (its target,
 draft and held-out rows). One job at a time: run nothing else on the cores meanwhile. Writes the
-`serve_methods` section of docs/benchmarks.md.
+`serve_methods` section of docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Peak resident memory per rank of online training on 2 gloo ranks, with the target and the draft each
-replicated or sharded, against the target's size. Section `target_memory` of docs/benchmarks.md.
+replicated or sharded, against the target's size. Section `target_memory` of docs/benchmarks-history.md.
 
 The target is a random Qwen3 of at least 1 GB built from a config (32 layers of width 1024, MLP 2048, float32),
 saved under .cache/targets/ once; the draft is the tiny recipe's (one layer at the target's width). Each run

@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--old-up-to", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--dir", default="/tmp/bench-token-file")
-    parser.add_argument("--print-only", action="store_true", help="print the table; leave docs/benchmarks.md as it is")
+    parser.add_argument("--print-only", action="store_true", help="print the table; leave docs/benchmarks-history.md as it is")
     args = parser.parse_args()
     command = command_line(env="OMP_WAIT_POLICY=PASSIVE")
     root = Path(args.dir)

@@ -4,7 +4,7 @@
 
 Runs `experiment=smollm2_dflash_cpu` for a few steps in a scratch run directory (no
 validation), drops the first logging window (warm-up), and writes the rest to
-docs/benchmarks.md. Needs the prepared target and the demo's training rows.
+docs/benchmarks-history.md. Needs the prepared target and the demo's training rows.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Run with the serving interpreter. Each draft gets its own process running vLLM i
 (no engine subprocess), so the drafter's `propose` can be timed directly: on a CPU every call is
 synchronous. A round is one engine step while decoding (one `propose` call); its time is the
 decode wall time over the rounds. Greedy, one request at a time, the drafts alternated
-`--repeats` times so that drift on the machine hits both alike. Writes docs/benchmarks.md.
+`--repeats` times so that drift on the machine hits both alike. Writes docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What every benchmark here shares: how a figure says what measured it (the command, the machine
-kind, the date) and where it goes (the script's own section of docs/benchmarks.md).
+kind, the date) and where it goes (the script's own section of docs/benchmarks-history.md).
 
     from publish import REPO, command_line, provenance, publish, shown_path, stamp
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 if importlib.util.find_spec("blockdraft") is None:
     sys.path.append(str(REPO))
 
-DOC = REPO / "docs" / "benchmarks.md"
+DOC = REPO / "docs" / "benchmarks-history.md"
 FIGURES = REPO / "docs" / "benchmarks"
 DOC_HEADER = (
     "# Benchmarks\n\nEvery figure here comes from a script in `scripts/bench/` that rewrites its own section; "

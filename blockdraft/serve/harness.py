@@ -17,6 +17,7 @@ the report says so.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sys
@@ -35,7 +36,7 @@ from blockdraft.serve.preflight import Plan, plan_serving
 from blockdraft.serve.prompts import EncodedPrompt, encode_prompts, iter_prompts
 from blockdraft.serve.report import PHASES, Round, RunRecord, build_report, print_table, write_report
 from blockdraft.vllm_runtime.omp_binding import omp_binding
-from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings, start_together
+from blockdraft.vllm_runtime.server import ServerError, VllmServer, server_settings, start_together, stop_together
 
 WARM_UP_TOKENS = 8  # one short request first: lazy initialisation must not count as decoding time
 # A server counts as quiet once it uses under 20 ms of CPU in half a second (its CPU time ticks in 10 ms).
@@ -225,8 +226,8 @@ def start_pair(cfg: ServeConfig, plan: Plan, record: RunRecord, speculative: dic
     say(f"baseline and draft ({method}, for every round): starting both vLLM servers side by side "
         f"(logs: {', '.join(str(s.log_path) for s in servers.values())})")
     start_together(list(servers.values()))
+    stack.callback(stop_together, list(servers.values()))  # both at once: two stuck servers, one grace period
     for phase, server in servers.items():
-        stack.callback(server.stop)
         record.timings_s[f"startup_{phase}"] = server.startup_s
         say(f"{phase} ({method}): server up on {server.url} after {server.startup_s:.1f} s")
         if method == "frozen":
@@ -263,41 +264,46 @@ def paired_round(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], 
     answered keeps a core busy for a while (0.6 s a request measured on a draft server), which would slow
     the other side's next request at every switch. The draft's counters are read around each of its
     prompts (its drafting rounds per prompt give the round cost's interval). Before each half a side
-    starts, the other server is waited on until it is quiet. Each server warms up before round 1."""
+    starts, the other server is waited on until it is quiet. Each server warms up before round 1. A server
+    that dies mid-round leaves the prompts both sides finished in the report."""
     if number == 1:
         for phase in PHASES:
             with awake(servers[phase], frozen):
                 warm_up(cfg, servers[phase], prompts, record, phase)
-    done = {phase: {} for phase in PHASES}
-    idle_cpu = {phase: 0.0 for phase in PHASES}
-    drafts, counted = {}, SpecMetrics()
+    done = {phase: {} for phase in PHASES}  # prompt index -> Completion
+    drafts = {}  # prompt index -> the draft's counters over that prompt
     half = (len(prompts) + 1) // 2
-    for block, order in ((range(half), round_.order), (range(half, len(prompts)), round_.order[::-1])):
-        for phase in order:
-            server, idle = servers[phase], servers[other_phase(phase)]
-            key = f"{phase}{phase_suffix(number)}"
-            record.quiet_wait_s[key] = record.quiet_wait_s.get(key, 0.0) + wait_until_quiet(idle)
-            with awake(server, frozen):
-                idle_before = idle.cpu_seconds()
-                for i in block:
-                    before = read_metrics(server, phase) if phase == "draft" else None
-                    done[phase][i] = request(cfg, server, prompts[i], record, phase, number)
-                    if before is not None:
-                        delta = read_metrics(server, phase).minus(before)
-                        drafts[i] = delta.num_drafts
-                        counted = counted.plus(delta)
-                idle_cpu[phase] += idle.cpu_seconds() - idle_before
-    in_order = range(len(prompts))
-    round_.baseline, round_.draft = [done["baseline"][i] for i in in_order], [done["draft"][i] for i in in_order]
-    round_.prompt_drafts, round_.halves, round_.metrics = [drafts[i] for i in in_order], True, counted
-    spent = {phase: sum(c.seconds for c in done[phase].values()) for phase in PHASES}
-    for phase in PHASES:
-        key = f"{phase}{phase_suffix(number)}"
-        record.timings_s[f"generation_{key}"] = spent[phase]
-        record.idle_cpu_s[key] = idle_cpu[phase]
+    try:
+        for block, order in ((range(half), round_.order), (range(half, len(prompts)), round_.order[::-1])):
+            for phase in order:
+                serve_half(cfg, servers, prompts, block, record, phase, number, frozen, done[phase], drafts)
+    finally:
+        both = [i for i in range(len(prompts)) if i in done["baseline"] and i in done["draft"]]
+        round_.baseline, round_.draft = [done["baseline"][i] for i in both], [done["draft"][i] for i in both]
+        round_.prompt_drafts, round_.halves = [drafts[i].num_drafts for i in both], True
+        round_.metrics = functools.reduce(SpecMetrics.plus, (drafts[i] for i in both), SpecMetrics()) if both else None
     which = f"round {number}/{record.planned_rounds}" if record.planned_rounds > 1 else "the round"
+    spent = [record.timings_s[f"generation_{phase}{phase_suffix(number)}"] for phase in PHASES]
     say(f"{which}: {len(prompts)} prompts on each side in two halves, the order reversed for the second "
-        f"({spent['baseline']:.1f} s baseline, {spent['draft']:.1f} s draft)")
+        f"({spent[0]:.1f} s baseline, {spent[1]:.1f} s draft)")
+
+
+def serve_half(cfg: ServeConfig, servers: dict, prompts: List[EncodedPrompt], block: range, record: RunRecord,
+               phase: str, number: int, frozen: bool, done: dict, drafts: dict) -> None:
+    """`block`'s prompts on `phase`'s server, once the other is quiet; its seconds, and the idle server's CPU
+    seconds meanwhile, are added to the phase's timings."""
+    server, idle = servers[phase], servers[other_phase(phase)]
+    key = f"{phase}{phase_suffix(number)}"
+    record.quiet_wait_s[key] = record.quiet_wait_s.get(key, 0.0) + wait_until_quiet(idle)
+    with awake(server, frozen):
+        idle_before = idle.cpu_seconds()
+        for i in block:
+            before = read_metrics(server, phase) if phase == "draft" else None
+            done[i] = request(cfg, server, prompts[i], record, phase, number)
+            record.timings_s[f"generation_{key}"] = record.timings_s.get(f"generation_{key}", 0.0) + done[i].seconds
+            if before is not None:
+                drafts[i] = read_metrics(server, phase).minus(before)
+        record.idle_cpu_s[key] = record.idle_cpu_s.get(key, 0.0) + idle.cpu_seconds() - idle_before
 
 
 def wait_until_quiet(server: VllmServer) -> float:

@@ -119,7 +119,7 @@ def build_report(record: RunRecord, min_acceptance_length: Optional[float] = Non
     if suspect:
         report["round_cost_suspect"] = True
         report["warnings"].append(suspect)
-    if record.complete:
+    if record.complete and not record.error:  # a run stopped by an error passes nothing, whatever it finished
         report.update(_verdict(record, min_acceptance_length, allow_near_ties))
         report["pays"] = payoff(report["mean_acceptance_length"], report["round_cost"], report["speedup"])
     else:

@@ -238,22 +238,18 @@ class VllmServer:
     def stop(self) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after the grace period, or at
         once when Ctrl-C comes again during it."""
+        stop_together([self])
+
+    def _send_stop(self) -> Optional[tuple]:
+        """(process, group) after SIGTERM (and SIGCONT) to its group; None when it is not running."""
         if self.process is None:
-            return
+            return None
         process, self.process = self.process, None
         group = process.pid  # a session leader's pid is its process group id
         _signal_group(group, signal.SIGTERM)
         _signal_group(group, signal.SIGCONT)  # a frozen server only acts on the SIGTERM once continued
         self._end_guard()
-        try:
-            gone = _wait_group_gone(process, group, self.grace_s)
-        except KeyboardInterrupt:
-            # A second Ctrl-C while a stuck server ignores the SIGTERM: the user will not wait out
-            # the grace period, and leaving now would leave the server running.
-            _kill_group(process, group)
-            raise
-        if not gone:
-            _kill_group(process, group)
+        return process, group
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -339,8 +335,23 @@ def start_together(servers: Sequence[VllmServer]) -> None:
             if waiting:
                 time.sleep(POLL_S)
     except BaseException:
-        for server in servers:
-            server.stop()
+        stop_together(servers)
+        raise
+
+
+def stop_together(servers: Sequence[VllmServer]) -> None:
+    """Every server's group sent SIGTERM at once, then one grace period for them all and SIGKILL for what is
+    left; a second Ctrl-C during it kills them all at once (the user will not wait, and leaving would leave
+    servers running). One at a time, a pair of stuck servers would take two grace periods."""
+    stopping = [(server, sent) for server in servers for sent in [server._send_stop()] if sent is not None]
+    deadline = time.monotonic() + max((server.grace_s for server, _ in stopping), default=0.0)
+    try:
+        for _, (process, group) in stopping:
+            if not _wait_group_gone(process, group, max(0.0, deadline - time.monotonic())):
+                _kill_group(process, group)
+    except KeyboardInterrupt:
+        for _, (process, group) in stopping:
+            _kill_group(process, group)
         raise
 
 

@@ -131,6 +131,7 @@ def test_a_taken_port_moves_the_server_to_another(fake, rep, monkeypatch, record
 
 def test_vllm_dying_mid_run_is_reported_with_its_log_tail(fake, rep, monkeypatch, record):
     cfg, fake_dir = fake
+    cfg.servers = "fresh"  # the baseline's whole run finishes before the draft server starts
     monkeypatch.setenv("FAKE_DIE_AFTER_DRAFT", "2")  # the warm-up and one prompt of the draft run, then a crash
     report = harness.run(cfg)
     ended = time.time()

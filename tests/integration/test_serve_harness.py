@@ -194,3 +194,14 @@ def test_dflash2_on_a_cpu_vllm_is_checked_by_the_reference_engine(tmp_path, monk
     assert any("reference engine" in w for w in report["warnings"])
     assert any("clamp" in w for w in report["warnings"])
     assert "REFERENCE engine" in capsys.readouterr().out
+
+
+def test_a_kept_draft_server_dying_mid_round_leaves_the_prompts_both_sides_finished(setup, monkeypatch):
+    # Four prompts, kept servers, no warm-up prompts: the draft server answers its short warm-up request and the
+    # first half (prompts 0 and 1), then dies on prompt 2; the baseline had finished prompts 0 and 1.
+    monkeypatch.setenv("FAKE_DIE_AFTER_DRAFT", "3")
+    setup.rounds, setup.warmup_prompts, setup.servers = 1, 0, "kept"
+    report = harness.run(setup)
+    assert report["incomplete"] and not report["passed"]
+    assert report["tokens_generated"] == {"baseline": 2 * setup.max_tokens, "draft": 2 * setup.max_tokens}
+    assert "died" in report["error"] or "no answer" in report["error"], report["error"]

@@ -57,7 +57,7 @@ def early_round_cost(s: PipelineSettings, cfgs: dict, records: StageRecords) -> 
     if recorded:
         cost = recorded.get("round_cost")
         stack = ", ".join(f"{name} {version}" for name, version in (parts["serving"] or {}).items())
-        say(f"round cost: {_line(cost)} (measured {recorded['at']} on this machine with {stack or 'this serving stack'}; "
+        say(f"round cost: {_line(cost, recorded.get('interval'))} (measured {recorded['at']} on this machine with {stack or 'this serving stack'}; "
             f"kept in {round_cost_record.record_path()})")
         if records.writer:
             records.choose(CHOICE, {**recorded, "key": key, "seconds": 0.0, "reused": True})

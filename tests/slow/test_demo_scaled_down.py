@@ -47,21 +47,24 @@ def test_scaled_down_demo_runs_end_to_end_and_a_rerun_skips_every_stage(tmp_path
     assert (work / "export" / "config.json").is_file()
     assert len((work / "regen" / "heldout.jsonl").read_text().splitlines()) == 4
     assert (work / "store" / "index.json").is_file()  # trained from the capture's feature store
-    # The CPU's size is said first, the round cost before the long stages; each round on a fresh pair.
+    # The CPU's size is said first, the round cost before the long stages; the round on a kept pair.
     assert first.stdout.index("[demo] a CPU") < first.stdout.index("round cost: a draft-and-verify round costs")
     assert first.stdout.index("round cost: a draft-and-verify round costs") < first.stdout.index("=== regen ===")
     # The probe in real vLLM (tests/integration/test_pipeline.py runs with round_cost=false; the fake vLLM's
-    # probe is tests/integration/test_round_cost_probe.py): an untrained draft on a fresh pair, its figure recorded.
+    # probe is tests/integration/test_round_cost_probe.py): an untrained draft on a kept pair, its figure recorded
+    # with its interval over the probe's prompts.
     probe = json.loads((work / "round_cost" / "serve" / "report.json").read_text())
-    assert probe["engine"] == "vllm" and probe["servers"] == "fresh" and probe["round_cost"] > 0
+    assert probe["engine"] == "vllm" and probe["servers"] == "kept" and probe["round_cost"] > 0
+    assert probe["round_cost_interval"] and probe["interval"]["pairs"] == 4
     assert "the trained draft pays only with a mean acceptance length above" in first.stdout
-    assert report["servers"] == "fresh" and report["pays"]["line"] in first.stdout
+    assert report["servers"] == "kept" and report["pays"]["line"] in first.stdout
     summary = first.stdout[first.stdout.index("=== stages ==="):]
+    assert "\n  shares   stages and probe " in summary and "training " in summary, summary
     for stage in STAGES:
         assert f"\n  {stage} " in summary, summary
 
     second = run_demo(work)
     assert second.returncode == first.returncode
     assert second.stdout.count(": cached (") == len(STAGES), second.stdout[-3000:]
-    assert "; recorded in stages.json)" in second.stdout  # the round cost is measured once per machine
+    assert "on this machine with" in second.stdout  # the round cost is measured once per machine, then read
     assert "mean acceptance length" in second.stdout

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from bench_dspark import export
-from bench_scaling import ENV, PROBE_STEPS, step_seconds, train
+from bench_scaling import ENV, PROBE_STEPS, probe_step_times, train
 from publish import REPO, command_line, provenance, publish, shown_path
 
 RECIPES = {"dflash": "smollm2_dflash_cpu", "dflash2": "smollm2_dflash2_cpu", "lilicorr": "smollm2_lilicorr_cpu"}
@@ -89,12 +89,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {"step_times": {}, "points": []}
-    for kind in RECIPES:  # the probes first, alone: their step times set every run's steps
-        if kind not in results["step_times"]:
-            probe = train(out / f"probe_{kind}", args.store, args.train_rows, "null", PROBE_STEPS, 0,
-                          [f"target.path={args.target}"], validate=False, experiment=RECIPES[kind])
-            results["step_times"][kind] = step_seconds(probe)
-            results_path.write_text(json.dumps(results, indent=2))
+    probe_step_times(RECIPES, results, results_path, args.store, args.train_rows, [f"target.path={args.target}"])
     for kind in RECIPES:
         if not any(p["kind"] == kind for p in results["points"]):
             results["points"].append(run_kind(kind, int(args.minutes * 60 / results["step_times"][kind]), args))

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from bench_heldout_walk import scored
-from bench_scaling import ENV, PROBE_STEPS, step_seconds, train
+from bench_scaling import ENV, PROBE_STEPS, probe_step_times, train
 from publish import REPO, command_line, provenance, publish, shown_path
 
 RECIPES = {"dflash": "smollm2_dflash_cpu", "dspark": "smollm2_dspark_cpu"}
@@ -103,12 +103,7 @@ def main() -> None:
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {"step_times": {}, "points": []}
     rows = Path(args.heldout).read_text().splitlines()
-    for kind in RECIPES:  # the probes first, alone: their step times set every run's steps
-        if kind not in results["step_times"]:
-            probe = train(out / f"probe_{kind}", args.store, args.train_rows, "null", PROBE_STEPS, 0, [], validate=False,
-                          experiment=RECIPES[kind])
-            results["step_times"][kind] = step_seconds(probe)
-            results_path.write_text(json.dumps(results, indent=2))
+    probe_step_times(RECIPES, results, results_path, args.store, args.train_rows)
     for seed in args.seeds:
         for kind in RECIPES:
             if any(p["kind"] == kind and p["seed"] == seed for p in results["points"]):

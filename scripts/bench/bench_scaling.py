@@ -55,6 +55,19 @@ def step_seconds(records: List[dict]) -> float:
     return statistics.median(times)
 
 
+def probe_step_times(recipes: dict, results: dict, results_path: Path, store: str, train_rows: str,
+                     overrides: List[str] = ()) -> None:
+    """Each kind's step time on this machine from a PROBE_STEPS-step run of its recipe (`recipes`: kind ->
+    experiment), into results["step_times"], saved after each (a rerun keeps those measured). The probes run
+    first and alone: their step times set every equal-time run's steps."""
+    for kind, experiment in recipes.items():
+        if kind not in results["step_times"]:
+            probe = train(results_path.parent / f"probe_{kind}", store, train_rows, "null", PROBE_STEPS, 0,
+                          list(overrides), validate=False, experiment=experiment)
+            results["step_times"][kind] = step_seconds(probe)
+            results_path.write_text(json.dumps(results, indent=2))
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 

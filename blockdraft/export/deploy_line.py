@@ -40,6 +40,9 @@ V2_ONLY = {
     "dspark": "its speculator exists only in V2; V1 refuses `dspark speculative decoding`",
     "lilicorr": "its lattice head runs only in V2's LiLiCorr speculator; V1 refuses `DFlash candidate-head drafts`",
 }
+# A draft of any kind whose layers mix sliding and full attention (speculators' --full-attention-indices).
+MIXED_ATTENTION = ("its mixed sliding/full attention layers need several KV-cache groups, which only V2 has; V1 refuses "
+                   "`DFlash drafters with mixed sliding/full attention` (qwen3_dflash.py)")
 TARGET_PLACEHOLDER = "<target>"
 # Other stacks' names for our kinds, which vLLM serves only through vllm_plugin/ (its ALIASES).
 PLUGIN_ALIASES = ("Qwen3DFlashDraftModel", "Qwen3DFlash2DraftModel", "Qwen3DSparkDraftModel")
@@ -57,6 +60,11 @@ class DeployLine:
 
     def lines(self, indent: str = "") -> list:
         return [f"{indent}{self.command}", *(f"{indent}- {note}" for note in self.notes)]
+
+
+def v2_runner_reason(kind: str, mixes_attention: bool) -> Optional[str]:
+    """Why vLLM 0.32 serves this draft only on its V2 model runner, or None where V1 serves it too."""
+    return V2_ONLY.get(kind) or (MIXED_ATTENTION if mixes_attention else None)
 
 
 def vllm_method(kind: str) -> str:
@@ -79,7 +87,7 @@ def deploy_line(cfg: DraftModelConfig, draft_dir: str | Path, target: Optional[s
         return DeployLine(command, (f"not servable by vLLM: {REASONS[cfg.kind]}; the reference engine decodes it "
                                     "(greedy output identical to the target's, batch size 1)",), vllm=False)
     spec = {"method": vllm_method(cfg.kind), "model": str(draft_dir), "num_speculative_tokens": cfg.num_speculative_tokens}
-    env = f"{V2_RUNNER_ENV}=1 " if cfg.kind in V2_ONLY else ""
+    env = f"{V2_RUNNER_ENV}=1 " if v2_runner_reason(cfg.kind, cfg.mixes_attention) else ""
     command = f"{env}vllm serve {served} --speculative-config {shlex.quote(json.dumps(spec))}"
     return DeployLine(command, _notes(cfg, mask_embedding), vllm=True)
 
@@ -87,12 +95,18 @@ def deploy_line(cfg: DraftModelConfig, draft_dir: str | Path, target: Optional[s
 def _notes(cfg: DraftModelConfig, mask_embedding: bool) -> Tuple[str, ...]:
     notes = [f"{drafted_tokens_note(cfg)}: vLLM does not check it against the trained block and accepts any "
              "other value without warning"]
-    if cfg.kind in V2_ONLY:
+    v2_reason = v2_runner_reason(cfg.kind, cfg.mixes_attention)
+    if v2_reason:
         notes.append(
-            f"{V2_RUNNER_ENV}=1: vLLM 0.32 serves a {cfg.kind} draft only on its V2 GPU model runner ({V2_ONLY[cfg.kind]}), "
+            f"{V2_RUNNER_ENV}=1: vLLM 0.32 serves this {cfg.kind} draft only on its V2 GPU model runner ({v2_reason}), "
             "which needs Triton (a GPU); the variable makes vLLM use it or refuse at start-up with the "
             "reason, and its log then says `Using V2 Model Runner`. A CPU vLLM cannot serve it: check it there "
             "with the reference engine (engine=reference)")
+    causal = [i for i, (_, c) in enumerate(cfg.layer_attention()) if c]
+    if causal and len(causal) < cfg.num_hidden_layers:
+        notes.append(
+            f"config.json leaves `is_causal` out, so that vLLM attends causally inside the block in layers {causal} "
+            "(their layer_types slide) and bidirectionally in the others, as the draft trained; do not add it")
     if mask_embedding:
         notes.append(
             f"the draft directory carries {MASK_EMBEDDING_FILE}, the trained embedding of the mask slots: keep it "

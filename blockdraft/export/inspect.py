@@ -13,20 +13,23 @@ from blockdraft.export.model_card import shape_line
 from blockdraft.export.reference_only import SERVING_NOTE_KEY, vllm_servable
 from blockdraft.export.source import resolve_checkpoint
 from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
-from blockdraft.export.speculators_format import is_speculators_config
+from blockdraft.export.speculators_format import READ_TYPES, is_speculators_config, speculators_kind
+from blockdraft.export.speculators_serving import vllm_reading_notes
 from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import load_draft_config
 
 
-SPECULATORS_HOLDS = "a speculators DSpark checkpoint (config.json + safetensors, read as Qwen3DSparkModel)"
+SPECULATORS_HOLDS = "a speculators {kind} checkpoint (config.json + safetensors, read as {architecture})"
+SPECULATORS_NAMES = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark"}
 
 
 def describe(directory: str | Path) -> str:
     directory = Path(directory)
     cfg, holds, architecture, weights_dir = _read(directory)
     headers = tensor_headers(weights_dir)
-    if holds.startswith(SPECULATORS_HOLDS):
+    speculators = _speculators_config(directory)
+    if speculators is not None:
         headers = speculators_draft_tensors(headers, cfg)  # the verifier's embedding and head, t2d: not the draft's
     problems = contract_problems({k: shape for k, (shape, _) in headers.items()}, cfg)
     dtypes = sorted({dtype for _, dtype in headers.values()})
@@ -36,6 +39,7 @@ def describe(directory: str | Path) -> str:
         f"  kind: {cfg.kind} (architecture {architecture})",
         f"  shape: {shape_line(cfg)}",
         f"  target_layer_ids: {cfg.target_layer_ids}   mask_token_id: {cfg.mask_token_id}   block_size: {cfg.block_size}",
+        f"  attention: {attention_line(cfg)}",
         "  vocabulary: " + (f"reduced, {cfg.draft_vocab_size} of {cfg.vocab_size} target tokens (own lm_head.weight + d2t)"
                             if cfg.draft_vocab_size else f"the target's full head ({cfg.vocab_size} tokens)"),
         "  mask embedding: " + ("trained (mask_embedding.pt in an export)" if cfg.train_mask_embedding
@@ -43,13 +47,45 @@ def describe(directory: str | Path) -> str:
         f"  dtype: {', '.join(dtypes)}   tensors: {len(headers)} in {len(weight_files(weights_dir))} file(s)   "
         f"size on disk: {_human(_disk_size(directory))}",
         "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),
+        *_speculators_lines(speculators),
         *_deploy_lines(directory, cfg),
     ]
     return "\n".join(lines)
 
 
+def attention_line(cfg: DraftModelConfig) -> str:
+    """Each layer's attention as trained (and as the export makes vLLM serve it)."""
+    def one(window, causal):
+        span = f"sliding window {window}" if window is not None else "full"
+        return f"{span}, {'causal' if causal else 'bidirectional'} inside the block"
+    per_layer = cfg.layer_attention()
+    if len(set(per_layer)) == 1:
+        return f"every layer {one(*per_layer[0])}"
+    return "; ".join(f"layer {i} {one(*pair)}" for i, pair in enumerate(per_layer))
+
+
+def _speculators_config(directory: Path):
+    if not (directory / CONFIG_NAME).is_file():
+        return None
+    config = read_config(directory)
+    return config if is_speculators_config(config) else None
+
+
+def _speculators_lines(config) -> list:
+    if config is None:
+        return []
+    notes = vllm_reading_notes(config)
+    if not notes:
+        return ["  vLLM on this speculators config.json as is: serves the draft as trained"]
+    return ["  vLLM on this speculators config.json as is (serve an export from here instead):",
+            *(f"    - {note}" for note in notes)]
+
+
 def _deploy_lines(directory: Path, cfg: DraftModelConfig) -> list:
-    """The export's deploy line; a checkpoint's as it will read once exported."""
+    """The export's deploy line; a checkpoint's, or a speculators checkpoint's, as it will read once exported."""
+    if _speculators_config(directory) is not None:
+        return [f"  deploy, once exported (python -m blockdraft.export checkpoint={directory} out=<export dir>):",
+                *deploy_line(cfg, "<export dir>", None, False).lines("    ")]
     if (directory / CONFIG_NAME).is_file():
         return ["  deploy:", *export_deploy_line(directory).lines("    ")]
     return ["  deploy, once exported:", *deploy_line(cfg, "<export dir>", None, cfg.train_mask_embedding).lines("    ")]
@@ -61,7 +97,10 @@ def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
         config = read_config(directory)
         cfg = draft_config_from_vllm_config(config, where=str(directory / CONFIG_NAME))
         cfg.train_mask_embedding = with_mask_embedding(directory, cfg)
-        holds = SPECULATORS_HOLDS if is_speculators_config(config) else "a vLLM draft export (config.json + safetensors)"
+        holds = "a vLLM draft export (config.json + safetensors)"
+        if is_speculators_config(config):
+            holds = SPECULATORS_HOLDS.format(kind=SPECULATORS_NAMES[speculators_kind(config)],
+                                             architecture=READ_TYPES[speculators_kind(config)])
         if not vllm_servable(config, cfg.kind):
             holds = f"a draft export (config.json + safetensors) that vLLM cannot serve: {config.get(SERVING_NOTE_KEY, cfg.kind)}"
         return cfg, holds, ", ".join(config["architectures"]), directory

@@ -1,38 +1,56 @@
-"""A DSpark draft saved by speculators (the vLLM project's trainer), read as the vLLM-style config
-and weight names the importer reads.
+"""A DFlash, DFlash2 or DSpark draft saved by speculators (the vLLM project's trainer), read as the
+vLLM-style config and weight names the importer reads, attention as speculators trained it.
 
 A speculators checkpoint is `config.json` + `model.safetensors` as `save_pretrained` writes them:
-`speculators_model_type: "dspark"`, `architectures: ["DSparkSpeculator"]`, the draft's Qwen3 shape
-in `transformer_layer_config` (the verifier's config with the draft's layer count), the target
-layers as `aux_hidden_state_layer_ids` (vLLM's aux ids: target layer + 1, as vLLM 0.32's
-`update_dspark` undoes) and the DSpark keys at the top level. The weights carry the module's own
-names, no prefix: `layers.*`, `fc`, `hidden_norm`, `norm`, `markov_head.*`, `confidence_head.*`,
-plus the verifier's `embed_tokens` and `lm_head`, and `d2t`/`t2d` for a reduced vocabulary.
+`speculators_model_type` dflash | dflash2 | dspark, the draft's Qwen3 shape in
+`transformer_layer_config` (the verifier's config with the draft's layer count, its `layer_types`
+and `sliding_window`), the target layers as `aux_hidden_state_layer_ids` (vLLM's aux ids: target
+layer + 1, as vLLM 0.32's converter undoes) and the kind's keys at the top level. The weights carry
+the module's own names, no prefix: `layers.*`, `fc`, `hidden_norm`, `norm`, DFlash2's
+`layers.*.{attention,mlp}_conv.*` and `candidate_selector.*`, DSpark's `markov_head.*` and
+`confidence_head.*`, plus the verifier's `embed_tokens` and `lm_head` where an older save kept
+them, and `d2t`/`t2d` for a reduced vocabulary.
+
+Attention, as speculators trains it (models/dflash/attention.py): a `sliding_attention` layer sees
+the context within its window and its own block, causally inside the block unless
+`sliding_window_non_causal`; a full layer sees the whole context and its whole block. The vLLM-style
+config says the same thing in vLLM's terms (`layer_types`, and `is_causal` only when every layer
+agrees), so the export written from it serves as trained; `speculators_serving.py` says where
+vLLM's own reading of the speculators config would not.
 
 Keys absent from the config are read as vLLM serves them: `sample_from_anchor` false (its
-converter's default, not speculators' own true), the confidence head off. Shape keys absent from
-`transformer_layer_config` are the Qwen3Config defaults speculators rebuilds its layers with.
+converter's default, not speculators' own true for DSpark), the confidence head off. Shape keys
+absent from `transformer_layer_config` are the Qwen3Config defaults speculators rebuilds its layers with.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Mapping
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
 from blockdraft.errors import ConfigError
 from blockdraft.export.dspark_config import SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT
-from blockdraft.models.draft_config import MARKOV_HEAD_TYPES, DraftModelConfig
+from blockdraft.models.draft_config import MARKOV_HEAD_TYPES, SLIDING, DraftModelConfig
 
 TYPE_KEY = "speculators_model_type"
-READ_TYPES = ("dspark",)
+# The vLLM architecture each speculators kind is read as (vLLM 0.32's converter picks the same ones).
+READ_TYPES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}
+# speculators' own default of `sliding_window_non_causal` per kind (its config classes), what a
+# checkpoint that lacks the key was trained with.
+NON_CAUSAL_DEFAULT = {"dflash": False, "dflash2": True, "dspark": False}
+# DFlash2's dflash_config keys and speculators' defaults for them (DFlash2SpeculatorConfig).
+DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 # transformers' Qwen3Config defaults, for keys a layer config saved as a diff leaves out.
 QWEN3_DEFAULTS = {"num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 128, "hidden_act": "silu",
                   "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "vocab_size": 151936,
                   "hidden_size": 4096, "intermediate_size": 22016}
 ROPE_THETA_DEFAULT = 10000.0
+# Qwen3Config's window defaults, which decide a layer config saved without them.
+QWEN3_SLIDING_WINDOW = 4096
+QWEN3_MAX_WINDOW_LAYERS = 28
 # The DSpark keys copied as they are (vLLM's update_dspark copies the same ones).
 HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov", "dspark_draft_topk")
 # Tensors a speculators checkpoint carries that the draft does not own: the verifier's embedding
@@ -50,18 +68,91 @@ def is_speculators_config(config: Mapping) -> bool:
     return TYPE_KEY in config
 
 
-def vllm_style_config(config: Mapping, where: str = "config.json") -> dict:
-    """The vLLM-style config.json (`Qwen3DSparkModel`) a speculators DSpark config describes."""
+def speculators_kind(config: Mapping, where: str = "config.json") -> str:
     kind = config.get(TYPE_KEY)
     if kind not in READ_TYPES:
         raise ConfigError(
-            f"{where}: {TYPE_KEY}={kind!r}; of speculators' checkpoints only {list(READ_TYPES)} is read here. "
-            "Train it with speculators' --speculator-type dspark, or export it in vLLM's layout first."
+            f"{where}: {TYPE_KEY}={kind!r}; of speculators' checkpoints {sorted(READ_TYPES)} are read here "
+            "(the block drafters vLLM serves). Train it with speculators' --speculator-type dflash, dflash2 or dspark, "
+            "or export it in vLLM's layout first."
         )
+    return kind
+
+
+def vllm_style_config(config: Mapping, where: str = "config.json") -> dict:
+    """The vLLM-style config.json a speculators DFlash, DFlash2 or DSpark config describes."""
+    kind = speculators_kind(config, where)
     layer = dict(config.get("transformer_layer_config") or {})
     if not layer:
         raise ConfigError(f"{where}: `transformer_layer_config` is missing; a speculators checkpoint holds the draft's Qwen3 shape there.")
     _check_layer_config(layer, where)
+    if kind != "dspark" and config.get("sample_from_anchor"):
+        raise ConfigError(
+            f"{where}: sample_from_anchor=true on a {kind} draft: vLLM 0.32's DFlash speculator refuses it (its anchor "
+            "is the bonus token) and this project trains that layout for DSpark only. Retrain without --sample-from-anchor."
+        )
+    target_ids = _target_layer_ids(config, where)
+    if config.get("mask_token_id") is None:
+        raise ConfigError(f"{where}: `mask_token_id` is missing; speculators saves the one it trained with (--mask-token-id).")
+    shape = {key: layer.get(key, default) for key, default in QWEN3_DEFAULTS.items()}
+    heads = int(shape["num_attention_heads"])
+    theta = _rope_theta(layer, where)
+    block_size = config.get("block_size")
+    if block_size is None:
+        raise ConfigError(f"{where}: `block_size` is missing; add the block size the draft was trained with.")
+    dflash_config = {"mask_token_id": config["mask_token_id"], "target_layer_ids": target_ids, "block_size": int(block_size)}
+    if kind == "dflash2":
+        dflash_config.update({key: int(config.get(key) or default) for key, default in DFLASH2_DEFAULTS.items()})
+    out = {
+        "architectures": [READ_TYPES[kind]],
+        "model_type": "qwen3",
+        **shape,
+        "num_key_value_heads": layer.get("num_key_value_heads") or heads,
+        "rope_theta": theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        # speculators builds fc for len(ids) x the layer config's width (its draft is as wide as the target).
+        "target_hidden_size": config.get("target_hidden_size") or shape["hidden_size"],
+        "num_target_layers": _verifier_layers(config) or max(target_ids) + 2,
+        "block_size": int(block_size),
+        "draft_vocab_size": config.get("draft_vocab_size"),
+        "dflash_config": dflash_config,
+        **attention_keys(kind, config, int(shape["num_hidden_layers"])),
+    }
+    if kind == "dspark":
+        out.update(_dspark_keys(config, where, target_ids))
+    return out
+
+
+def trained_layer_types(config: Mapping, layers: int) -> Tuple[List[str], Optional[int]]:
+    """(each draft layer's attention, the window) as speculators rebuilt them: through transformers'
+    Qwen3Config, whose window is null unless `use_sliding_window`, and whose absent `layer_types` slide
+    from `max_window_layers` on. With no window speculators masks a sliding layer as a full one."""
+    layer = config.get("transformer_layer_config") or {}
+    window = layer.get("sliding_window", QWEN3_SLIDING_WINDOW) if layer.get("use_sliding_window") else None
+    if window is None:
+        return ["full_attention"] * layers, None
+    first_sliding = layer.get("max_window_layers", QWEN3_MAX_WINDOW_LAYERS)
+    types = list(layer.get("layer_types") or [SLIDING if i >= first_sliding else "full_attention" for i in range(layers)])
+    return types, int(window)
+
+
+def trained_sliding_causal(kind: str, config: Mapping) -> bool:
+    """Whether the sliding layers were trained causal inside the block (full layers never are)."""
+    return not bool(config.get("sliding_window_non_causal", NON_CAUSAL_DEFAULT[kind]))
+
+
+def attention_keys(kind: str, config: Mapping, layers: int) -> dict:
+    """`layer_types`, the window, and `is_causal` when every layer agrees: vLLM's reading of it is
+    what speculators trained (qwen3_dflash.py `_resolve_layer_attention`)."""
+    types, window = trained_layer_types(config, layers)
+    causal = [t == SLIDING and trained_sliding_causal(kind, config) for t in types]
+    out: dict = {"is_causal": causal[0]} if len(set(causal)) == 1 else {}
+    if SLIDING in types:
+        out.update({"use_sliding_window": True, "layer_types": types, "sliding_window": window})
+    return out
+
+
+def _dspark_keys(config: Mapping, where: str, target_ids: list) -> dict:
     head_type = config.get("markov_head_type") or "vanilla"
     if head_type not in MARKOV_HEAD_TYPES:
         raise ConfigError(
@@ -74,28 +165,7 @@ def vllm_style_config(config: Mapping, where: str = "config.json") -> dict:
             f"{where}: markov_rank={rank} (no Markov head): vLLM's DSpark always builds one; "
             "retrain with --markov-rank >= 1, or train a DFlash draft."
         )
-    target_ids = _target_layer_ids(config, where)
-    if config.get("mask_token_id") is None:
-        raise ConfigError(f"{where}: `mask_token_id` is missing; speculators saves the one it trained with (--mask-token-id).")
-    shape = {key: layer.get(key, default) for key, default in QWEN3_DEFAULTS.items()}
-    heads = int(shape["num_attention_heads"])
-    theta = _rope_theta(layer, where)
-    block_size = config.get("block_size")
-    if block_size is None:
-        raise ConfigError(f"{where}: `block_size` is missing; add the block size the draft was trained with.")
     out = {
-        "architectures": ["Qwen3DSparkModel"],
-        "model_type": "qwen3",
-        **shape,
-        "num_key_value_heads": layer.get("num_key_value_heads") or heads,
-        "rope_theta": theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        # speculators builds fc for len(ids) x the layer config's width (its draft is as wide as the target).
-        "target_hidden_size": config.get("target_hidden_size") or shape["hidden_size"],
-        "num_target_layers": _verifier_layers(config) or max(target_ids) + 2,
-        "block_size": int(block_size),
-        "draft_vocab_size": config.get("draft_vocab_size"),
-        "dflash_config": {"mask_token_id": config["mask_token_id"], "target_layer_ids": target_ids, "block_size": int(block_size)},
         "target_layer_ids": target_ids,
         "mask_token_id": config["mask_token_id"],
         "sample_from_anchor": bool(config.get("sample_from_anchor", SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT)),
@@ -109,14 +179,14 @@ def _check_layer_config(layer: Mapping, where: str) -> None:
     model_type = layer.get("model_type", "qwen3")
     if model_type != "qwen3":
         raise ConfigError(
-            f"{where}: transformer_layer_config.model_type={model_type!r}; vLLM's Qwen3DSparkModel and this "
-            "project's DSpark draft are Qwen3 layers. Retrain with speculators' qwen3 draft architecture."
+            f"{where}: transformer_layer_config.model_type={model_type!r}; vLLM's Qwen3 block drafters and "
+            "this project's are Qwen3 layers. Retrain with speculators' qwen3 draft architecture."
         )
-    sliding = [i for i, t in enumerate(layer.get("layer_types") or []) if t != "full_attention"]
-    if sliding or layer.get("use_sliding_window"):
+    odd = sorted({t for t in layer.get("layer_types") or [] if t not in ("full_attention", SLIDING)})
+    if odd:
         raise ConfigError(
-            f"{where}: transformer_layer_config has sliding-window layers {sliding or 'all'}; this project's DSpark "
-            "draft attends to the whole context in every layer. Retrain with full attention in every draft layer."
+            f"{where}: transformer_layer_config.layer_types has {odd}; speculators' DFlash drafts are built of "
+            f"full_attention and {SLIDING} layers only. Retrain with those."
         )
 
 
@@ -148,9 +218,14 @@ def _rope_theta(layer: Mapping, where: str) -> float:
     return float(theta) if theta else ROPE_THETA_DEFAULT
 
 
+def verifier_path(config: Mapping):
+    """The verifier speculators trained against, as it recorded it (a local directory or a Hub id), or None."""
+    return ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+
+
 def _verifier_layers(config: Mapping):
     """The verifier's layer count when its recorded path is a local model directory, else None."""
-    path = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    path = verifier_path(config)
     if not path or not (Path(path) / "config.json").is_file():
         return None
     try:

@@ -9,15 +9,15 @@ silently: transformers fills `head_dim=128` and `rope_theta=10000` when they are
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 from blockdraft.errors import ConfigError
-from blockdraft.export.causality import kind_with_causality
+from blockdraft.export.causality import kind_and_sliding_causal
 from blockdraft.export.dspark_config import dspark_backbone_keys, dspark_keys, read_dspark
 from blockdraft.export.lilicorr_config import lilicorr_keys, read_lilicorr
 from blockdraft.export.reference_only import domino_dflash_config, read_domino, reference_only_keys
 from blockdraft.export.speculators_format import is_speculators_config, vllm_style_config
-from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.draft_config import SLIDING, DraftModelConfig
 
 # What this exporter writes: the names in vLLM's model registry.
 # JetSpec is vLLM's DFlash with `is_causal: true` (qwen3_dflash.py `_dflash_layer_causal`).
@@ -62,9 +62,7 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
         "rope_theta": cfg.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "attention_bias": False,
-        # Written explicitly: vLLM reads it first, and without it a sliding-window draft
-        # silently turns causal. True only for JetSpec, trained with the same causal mask.
-        "is_causal": cfg.is_causal,
+        **_is_causal_key(cfg),
         "tie_word_embeddings": False,
         "target_hidden_size": cfg.target_hidden_size,
         "num_target_layers": cfg.num_target_layers,
@@ -104,11 +102,20 @@ def _sliding_window_keys(cfg: DraftModelConfig) -> dict:
     if cfg.sliding_window is None:
         return {}
     # use_sliding_window is needed too: without it transformers drops the window and vLLM raises.
+    # layer_types always: transformers would otherwise fill it from max_window_layers (all full here).
     return {
         "use_sliding_window": True,
         "sliding_window": cfg.sliding_window,
-        "layer_types": ["sliding_attention"] * cfg.num_hidden_layers,
+        "layer_types": [SLIDING if cfg.is_sliding(i) else "full_attention" for i in range(cfg.num_hidden_layers)],
     }
+
+
+def _is_causal_key(cfg: DraftModelConfig) -> dict:
+    """`is_causal` when every layer agrees, written explicitly: vLLM reads it first, and without it a
+    sliding-window draft silently turns causal. A draft causal in its sliding layers only leaves it
+    (and dflash_config.causal) out, so that vLLM resolves each layer from layer_types as trained."""
+    causal = {c for _, c in cfg.layer_attention()}
+    return {"is_causal": causal.pop()} if len(causal) == 1 else {}
 
 
 def _dflash_config(cfg: DraftModelConfig) -> dict:
@@ -161,7 +168,7 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
     """A DraftModelConfig from a vLLM-style (or Automodel-style, or speculators') draft config.json."""
     if is_speculators_config(config):
         config = vllm_style_config(config, where)
-    kind = kind_with_causality(draft_kind_of(config, where), config, where)
+    kind, sliding_causal = kind_and_sliding_causal(draft_kind_of(config, where), config, where)
     dflash = dict(config.get("dflash_config") or {})
     if kind == "dspark":
         dflash = {**dspark_backbone_keys(config), **dflash}
@@ -189,6 +196,8 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
         max_position_embeddings=config.get("max_position_embeddings", 40960),
         hidden_act=config.get("hidden_act", "silu"),
         sliding_window=_sliding_window(config),
+        layer_types=_mixed_layer_types(config),
+        sliding_causal=sliding_causal,
         draft_vocab_size=_draft_vocab_size(config),
     )
     if kind == "dflash2":
@@ -233,6 +242,12 @@ def _rope_theta(config: Mapping) -> float:
 def _sliding_window(config: Mapping) -> Optional[int]:
     sliding = config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or [])
     return config.get("sliding_window") if sliding else None
+
+
+def _mixed_layer_types(config: Mapping) -> Optional[List[str]]:
+    """`layer_types` when it mixes sliding and full layers; None when every layer is alike (the window says which)."""
+    types = list(config.get("layer_types") or [])
+    return types if SLIDING in types and len(set(types)) > 1 else None
 
 
 def _read_dflash2(cfg: DraftModelConfig, dflash: Mapping, where: str) -> None:

@@ -23,7 +23,7 @@ from blockdraft.build_info import build_info
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import write_checksums
 from blockdraft.export.contract import ContractError, check_state_dict
-from blockdraft.export.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, tensor_headers
+from blockdraft.export.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, import_draft, read_config, tensor_headers
 from blockdraft.export.mask_embedding import STATE_NAME, write_mask_embedding
 from blockdraft.export.model_card import model_card
 from blockdraft.export.reload_check import DTYPES, ReloadResult, reload_check
@@ -32,7 +32,7 @@ from blockdraft.export.target_checks import check_against_target, target_text_co
 from blockdraft.export.training_prompts import copy_record
 from blockdraft.export.vllm_config import dflash2_fields_not_written, draft_config_from_vllm_config, vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
-from blockdraft.models.io import draft_state_dict, load_draft, load_draft_config
+from blockdraft.models.io import DRAFT_CONFIG_NAME, draft_state_dict, load_draft, load_draft_config
 
 EXPORT_INFO = "blockdraft_export.json"
 DEFAULT_SHARD_SIZE = 5 * 2**30
@@ -52,18 +52,25 @@ def export_draft(
     overwrite: bool = False,
     shard_size_bytes: int = DEFAULT_SHARD_SIZE,
 ) -> Path:
-    """Write the checkpoint (a step dir, or a run dir's latest) to `out_dir`; returns `out_dir`."""
-    source = resolve_checkpoint(checkpoint)
+    """Write the checkpoint (a step dir, a run dir's latest, or another stack's draft directory) to `out_dir`;
+    returns `out_dir`."""
     out = Path(out_dir).absolute()
     check_dtype(dtype)
     check_out_dir(out, overwrite)
-    cfg = load_draft_config(source.path)
+    imported = is_other_stacks_draft(Path(checkpoint))
+    if imported:  # read, and checked against the contract, by the importer
+        source = CheckpointSource(path=Path(checkpoint).absolute(), step=None, run_dir=None)
+        draft, cfg = import_draft(checkpoint)
+    else:
+        source = resolve_checkpoint(checkpoint)
+        cfg = load_draft_config(source.path)
+        check_state_dict(checkpoint_shapes(source.path), cfg, where=f"checkpoint {source.path}")
     target_config = None
     if target_dir is not None:
         check_against_target(cfg, target_dir)
         target_config = target_text_config(Path(target_dir))
-    check_state_dict(checkpoint_shapes(source.path), cfg, where=f"checkpoint {source.path}")
-    draft = load_draft(source.path)
+    if not imported:  # after the checks: the weights are the heavy part
+        draft = load_draft(source.path)
 
     staging = fresh_staging_dir(out)
     try:
@@ -82,6 +89,12 @@ def export_draft(
     faults.point("export.before_rename")
     publish(staging, out)
     return out
+
+
+def is_other_stacks_draft(path: Path) -> bool:
+    """A draft directory with a config.json and no training checkpoint (speculators', another stack's, or an
+    export): re-exported through the importer, so that it serves as it was trained."""
+    return (path / CONFIG_NAME).is_file() and not (path / DRAFT_CONFIG_NAME).is_file()
 
 
 def check_dtype(dtype: str) -> None:

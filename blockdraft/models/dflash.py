@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from blockdraft.models.draft_config import DraftModelConfig
-from blockdraft.models.layers import MLP, BlockAttention, RMSNorm, RotaryEmbedding, single_block_mask
+from blockdraft.models.layers import MLP, BlockAttention, RMSNorm, RotaryEmbedding, per_layer_masks, single_block_mask
 
 KV = Tuple[torch.Tensor, torch.Tensor]
 
@@ -111,19 +111,23 @@ class DFlashDraftModel(nn.Module):
     ) -> torch.Tensor:
         """block_embeds [N, Tq, H] (Tq = blocks * block_len) -> normed hidden [N, Tq, H].
 
-        attn_mask: bool [N, 1, Tq, Tc+Tq] (True = attend), a flex BlockMask, or None for
-        one block over its own valid context: every query sees every key, or for a causal
-        (JetSpec) draft every context key and the block's slots up to its own.
+        attn_mask: bool [N, 1, Tq, Tc+Tq] (True = attend), a flex BlockMask, a list of either (one
+        per layer: `per_layer_masks` over `config.layer_attention()`), or None for one block over its
+        whole context with each layer's own window and causality.
         """
         block_len = block_len or block_embeds.shape[1]
-        if attn_mask is None and self.config.is_causal:
-            # The context precedes the block: index order is position order for the causal rule.
+        if attn_mask is None:
+            # The whole context precedes the block: index order is position order.
             context_len, device = ctx_kv[0][0].shape[2], block_embeds.device
             key_order = torch.arange(context_len + block_embeds.shape[1], device=device)[None]
-            attn_mask = single_block_mask(key_order[:, context_len:], key_order, None, causal=True)
+            attn_mask = per_layer_masks(
+                self.config.layer_attention(),
+                lambda window, causal: single_block_mask(key_order[:, context_len:], key_order, window, causal),
+            )
+        masks = attn_mask if isinstance(attn_mask, list) else [attn_mask] * len(self.layers)
         cos, sin = self.rotary(block_position_ids, block_embeds.dtype)
         h = block_embeds
-        for layer, kv in zip(self.layers, ctx_kv):
+        for layer, kv, attn_mask in zip(self.layers, ctx_kv, masks):
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
                 h = checkpoint(layer, h, cos, sin, kv, attn_mask, block_len, use_reentrant=False)
             else:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from blockdraft.errors import ConfigError
 
 DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino", "dspark", "lilicorr")
+# transformers' and vLLM's names for a layer's attention (`layer_types`).
+SLIDING = "sliding_attention"
+LAYER_TYPES = ("full_attention", SLIDING)
 # vLLM 0.32 implements only the first-order Markov head for Qwen3 DSpark drafts (qwen3_dspark.py).
 MARKOV_HEAD_TYPES = ("vanilla",)
 # The settings that shape a DSpark draft beyond its DFlash backbone (its weights and its block layout).
@@ -43,6 +46,13 @@ class DraftModelConfig:
     max_position_embeddings: int = 40960
     hidden_act: str = "silu"
     sliding_window: Optional[int] = None
+    layer_types: Optional[List[str]] = None
+    """Per draft layer, "full_attention" or "sliding_attention" as transformers and vLLM read `layer_types`
+    (null: every layer sliding when sliding_window is set, else every layer full)."""
+    sliding_causal: bool = False
+    """The sliding-window layers attend causally inside the block while full layers stay bidirectional:
+    speculators' trainer default for DFlash and DSpark (`sliding_window_non_causal: false`), which vLLM 0.32
+    reproduces from `layer_types` when neither `is_causal` nor `dflash_config.causal` is set."""
     draft_vocab_size: Optional[int] = None
     """DFlash: the draft's own reduced vocabulary (null = the target's full head)."""
     train_mask_embedding: bool = False
@@ -102,6 +112,7 @@ class DraftModelConfig:
                 f"draft.num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"draft.num_key_value_heads={self.num_key_value_heads}; pick heads divisible by kv heads."
             )
+        self._validate_layer_types()
         if self.kind == "dflash2":
             self._validate_dflash2()
         if self.kind == "domino":
@@ -130,6 +141,22 @@ class DraftModelConfig:
             raise ConfigError(
                 f"draft.draft_vocab_size={n} must be in [1, {self.vocab_size}) (the target's vocabulary); "
                 "use null for the full vocabulary."
+            )
+
+    def _validate_layer_types(self) -> None:
+        types = self.layer_types
+        if types is None:
+            return
+        bad = sorted({t for t in types if t not in LAYER_TYPES})
+        if len(types) != self.num_hidden_layers or bad:
+            raise ConfigError(
+                f"draft.layer_types={list(types)}: give one of {list(LAYER_TYPES)} per draft layer "
+                f"({self.num_hidden_layers} layers), or null for the same attention in every layer."
+            )
+        if SLIDING in types and self.sliding_window is None:
+            raise ConfigError(
+                f"draft.layer_types has sliding layers {[i for i, t in enumerate(types) if t == SLIDING]} but "
+                "draft.sliding_window is null; set the window (speculators' default is 2048)."
             )
 
     def _validate_dflash2(self) -> None:
@@ -233,6 +260,24 @@ class DraftModelConfig:
     def is_causal(self) -> bool:
         """JetSpec: slot k attends to the context and slots 0..k of its block (DFlash sees the whole block)."""
         return self.kind == "jetspec"
+
+    def is_sliding(self, layer: int) -> bool:
+        if self.layer_types is None:
+            return self.sliding_window is not None
+        return self.layer_types[layer] == SLIDING
+
+    @property
+    def mixes_attention(self) -> bool:
+        """Sliding and full layers in one draft: vLLM 0.32 serves it on its V2 model runner only."""
+        return len({self.is_sliding(i) for i in range(self.num_hidden_layers)}) > 1
+
+    def layer_attention(self) -> List[Tuple[Optional[int], bool]]:
+        """Per draft layer: (its window, or None for full attention; whether it is causal inside the block)."""
+        out = []
+        for i in range(self.num_hidden_layers):
+            sliding = self.is_sliding(i)
+            out.append((self.sliding_window if sliding else None, self.is_causal or (self.sliding_causal and sliding)))
+        return out
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -129,6 +129,16 @@ def _flex(cuda: bool):
     return _COMPILED_FLEX
 
 
+def per_layer_masks(layer_attention, build) -> list:
+    """One mask per draft layer from `build(window, causal)` over its `layer_attention` pairs, each
+    distinct pair built once (a draft mixing sliding and full layers needs two)."""
+    built = {}
+    for key in layer_attention:
+        if key not in built:
+            built[key] = build(*key)
+    return [built[key] for key in layer_attention]
+
+
 def single_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int], causal: bool = False) -> Optional[torch.Tensor]:
     """[N,1,Tq,Tk] bool for one block over its context, or None (every query sees every key).
 

@@ -40,6 +40,10 @@ class DraftConfig:
     """Width of one attention head; null = the target's (or hidden_size / heads for a draft of another width)."""
     sliding_window: Optional[int] = None
     """Sliding-window attention for the draft (null = full attention)."""
+    layer_types: Optional[List[str]] = None
+    """Per draft layer, full_attention or sliding_attention (null = every layer sliding when sliding_window is set)."""
+    sliding_causal: bool = False
+    """The sliding layers attend causally inside the block, full layers bidirectionally (speculators' default)."""
     conv_kernel_size: int = 2
     """DFlash2, LiLiCorr: taps of the in-block convolution (LiLiCorr: 0, with conv_group_size 0, for none)."""
     conv_group_size: int = 16
@@ -173,6 +177,8 @@ def resolve_draft_config(
         rope_theta=_rope_theta(target_config),
         max_position_embeddings=_target_width(target_config, "max_position_embeddings", 40960),
         sliding_window=draft.sliding_window,
+        layer_types=list(draft.layer_types) if draft.layer_types is not None else None,
+        sliding_causal=draft.sliding_causal,
         draft_vocab_size=draft.draft_vocab_size,
         train_mask_embedding=draft.train_mask_embedding,
         conv_kernel_size=draft.conv_kernel_size,

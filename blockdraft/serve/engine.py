@@ -23,7 +23,7 @@ import torch
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.dspark import DSparkDraftModel
-from blockdraft.models.layers import single_block_mask
+from blockdraft.models.layers import per_layer_masks, single_block_mask
 from blockdraft.models.lilicorr import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
@@ -195,7 +195,9 @@ class SpeculativeEngine:
         positions = torch.arange(anchor_pos, anchor_pos + n_slots)[None]
         embeds = self.draft.embed(block_ids, self.target.embed_tokens)
         key_pos = torch.cat([ctx.positions, positions], 1)
-        mask = single_block_mask(positions, key_pos, self.draft.config.sliding_window, self.draft.config.is_causal)
+        mask = per_layer_masks(
+            self.draft.config.layer_attention(), lambda window, causal: single_block_mask(positions, key_pos, window, causal)
+        )
         hidden = self.draft(embeds, positions, ctx.kv, mask)
         hidden = hidden if anchor_first else hidden[:, 1:]  # [1, K, H]: the predicting slots
 

@@ -27,7 +27,7 @@ from typing import List, Optional
 
 from blockdraft.data.held_out import SHAREGPT_HELD_OUT_START
 from blockdraft.errors import ConfigError
-from blockdraft.export.deploy_line import V2_ONLY, V2_RUNNER_ENV, vllm_method
+from blockdraft.export.deploy_line import V2_RUNNER_ENV, v2_runner_reason, vllm_method
 from blockdraft.machine import machine_facts
 from blockdraft.serve.client import Completion, RequestError, SpecMetrics, complete, complete_all, read_spec_metrics
 from blockdraft.serve.config import ServeConfig
@@ -240,7 +240,7 @@ def new_server(cfg: ServeConfig, plan: Plan, phase: str, speculative: Optional[d
     """The vLLM server of one side, not yet started; its log starts afresh."""
     args, env = server_arguments(cfg, plan.device)
     if speculative is not None:
-        env = with_v2_runner(env, plan.draft.kind)
+        env = with_v2_runner(env, plan.draft.kind, plan.draft.mixed_attention)
     log_path = Path(cfg.out) / log_name(phase, number)
     log_path.unlink(missing_ok=True)
     return VllmServer(cfg.vllm_python_path(), _model(cfg), log_path=log_path, speculative_config=speculative,
@@ -402,11 +402,11 @@ def _generate(
     return completions
 
 
-def with_v2_runner(env: dict, kind: str) -> dict:
-    """The draft server's environment: for a kind vLLM serves only on its V2 model runner, the variable the
+def with_v2_runner(env: dict, kind: str, mixed_attention: bool = False) -> dict:
+    """The draft server's environment: for a draft vLLM serves only on its V2 model runner, the variable the
     deploy line sets (export/deploy_line.py), so the check serves the draft as users will deploy it; a
     value the user set wins."""
-    if kind not in V2_ONLY or V2_RUNNER_ENV in os.environ or V2_RUNNER_ENV in env:
+    if not v2_runner_reason(kind, mixed_attention) or V2_RUNNER_ENV in os.environ or V2_RUNNER_ENV in env:
         return env
     return {**env, V2_RUNNER_ENV: "1"}
 

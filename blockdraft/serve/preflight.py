@@ -52,6 +52,8 @@ class DraftFacts:
     """False for a kind vLLM has no drafter for (config.json's `vllm_servable: false`)."""
     anchor_predicts: bool = False
     """DSpark's sample_from_anchor layout: every slot drafts, so a round drafts block_size tokens."""
+    mixed_attention: bool = False
+    """Sliding and full layers (`layer_types`): vLLM 0.32 serves that on its V2 model runner only."""
 
     @property
     def trained_tokens(self) -> Optional[int]:
@@ -148,6 +150,7 @@ def read_draft(directory: str | Path) -> DraftFacts:
         vllm_servable=vllm_servable(config, kind),
         # vLLM's DSpark speculator defaults sample_from_anchor to true when the key is absent.
         anchor_predicts=kind == "dspark" and bool(config.get("sample_from_anchor", True)),
+        mixed_attention=len(set(config.get("layer_types") or [])) > 1,
     )
 
 
@@ -346,9 +349,17 @@ def choose_engine(
             f"{problem}, so vLLM cannot serve this target here. The draft is checked with the project's own "
             "reference engine instead, not with vLLM."
         ]
-    if draft.kind in VLLM_DFLASH_KINDS or info.can_run_v2_draft(V2_RUNNER_ARCHITECTURES.get(draft.kind, "")):
+    if draft.kind in VLLM_DFLASH_KINDS and not draft.mixed_attention or info.can_run_v2_draft(
+        V2_RUNNER_ARCHITECTURES.get(draft.kind, draft.architecture)
+    ):
         return "vllm", []
     why = "it has no Triton GPU backend" if info.device == "cpu" or not info.has_triton else "its V2 model runner is off"
+    if draft.kind in VLLM_DFLASH_KINDS:  # a DFlash draft of mixed sliding and full layers
+        refusal = (f"vLLM {info.version} on {info.device} cannot run this draft's mixed sliding/full attention layers "
+                   f"({why}; its V1 runner refuses them)")
+        if requested == "vllm":
+            raise ConfigError(f"engine=vllm: {refusal}. Serve on a GPU vLLM, or set engine=auto for the reference engine.")
+        return "reference", [f"{refusal}. The draft is checked with the project's own reference engine instead, not with vLLM."]
     if V2_RUNNER_ARCHITECTURES.get(draft.kind) not in info.dflash_archs and info.runs_v2_runner:
         why = f"its registry has no {V2_RUNNER_ARCHITECTURES.get(draft.kind)}"
     name = {"dflash2": "DFlash2", "dspark": "DSpark", "lilicorr": "LiLiCorr"}.get(draft.kind, draft.kind)

@@ -24,6 +24,7 @@ from blockdraft import faults
 from blockdraft.models.dflash2 import DFlash2DraftModel
 from blockdraft.models.domino import DominoDraftModel
 from blockdraft.models.dspark import DSparkDraftModel
+from blockdraft.models.layers import per_layer_masks
 from blockdraft.models.lilicorr import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
@@ -105,7 +106,9 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     target_seconds = _now(batch["input_ids"].device) - started
     if cfg.feature_noise_std and draft.training:
         features = add_feature_noise(features, cfg.feature_noise_std, generator)
-    mask = block_attention_mask(fed, batch, b_fed, backend, dcfg.sliding_window, dcfg.is_causal)
+    mask = per_layer_masks(
+        dcfg.layer_attention(), lambda window, causal: block_attention_mask(fed, batch, b_fed, backend, window, causal)
+    )
     ctx_kv = module.context_kv(features, batch["position_ids"])
     embeds = module.embed(fed.block_ids, target.embed_tokens)  # [N, A*B_fed, H]
     hidden = draft(embeds, fed.block_position_ids, ctx_kv, mask, b_fed)  # [N, A*B_fed, H]

@@ -8,7 +8,7 @@ import torch
 
 from blockdraft.config import compose, register_schema
 from blockdraft.errors import ConfigError
-from blockdraft.export.causality import kind_with_causality, vllm_layer_causality
+from blockdraft.export.causality import kind_and_sliding_causal, vllm_layer_causality
 from blockdraft.export.importer import import_draft
 from blockdraft.export.reload_check import make_probe, run_probe
 from blockdraft.export.writer import export_draft
@@ -62,9 +62,14 @@ def test_vllm_s_causality_rule_is_followed():
     assert vllm_layer_causality({"num_hidden_layers": 2, "dflash_config": {"causal": True}}) == [True] * 2
     assert vllm_layer_causality({"num_hidden_layers": 2, "layer_types": ["sliding_attention"] * 2}) == [True] * 2
     assert vllm_layer_causality({"num_hidden_layers": 2}) == [False] * 2
+    # Causal in the sliding layers only: a draft with causal sliding layers (speculators' default), of any kind.
     mixed = {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}
+    assert kind_and_sliding_causal("dflash", mixed, "config.json") == ("dflash", True)
+    assert kind_and_sliding_causal("dspark", mixed, "config.json") == ("dspark", True)
+    # Causal everywhere is JetSpec for DFlash; for another kind its full layers are refused.
+    assert kind_and_sliding_causal("dflash", {**mixed, "is_causal": True}, "config.json") == ("jetspec", False)
     with pytest.raises(ConfigError, match="is_causal"):
-        kind_with_causality("dflash", mixed, "config.json")
+        kind_and_sliding_causal("dspark", {**mixed, "is_causal": True}, "config.json")
 
 
 @pytest.mark.parametrize("kind, flipped", [("jetspec", False), ("dflash", True)])

@@ -14,7 +14,9 @@ from transformers import Qwen3Config
 from blockdraft.errors import ConfigError
 from blockdraft.export.importer import import_draft
 from blockdraft.export.inspect import describe
+from blockdraft.export.causality import vllm_layer_causality
 from blockdraft.export.speculators_format import vllm_style_config
+from blockdraft.export.speculators_serving import vllm_reading_notes
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from tests.unit.export_helpers import make_draft
 
@@ -148,7 +150,7 @@ def test_the_verifier_directory_gives_the_target_layer_count(tmp_path):
 @pytest.mark.parametrize("change,message", [
     (dict(markov_head_type="gated"), "markov_head_type='gated': vLLM 0.32 serves only the ['vanilla'] Markov head"),
     (dict(markov_rank=0), "retrain with --markov-rank >= 1"),
-    (dict(speculators_model_type="eagle3"), "only ['dspark'] is read here"),
+    (dict(speculators_model_type="eagle3"), "['dflash', 'dflash2', 'dspark'] are read here"),
     (dict(aux_hidden_state_layer_ids=[0, 2]), "every id must be >= 1"),
     (dict(transformer_layer_config={"model_type": "llama", "hidden_size": 64}), "model_type='llama'"),
 ])
@@ -159,12 +161,28 @@ def test_what_vllm_cannot_serve_is_refused_in_one_line(tmp_path, change, message
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_sliding_window_layers_are_refused(tmp_path):
-    source = dspark_draft()
-    config = json.loads((speculators_dir(tmp_path / "spec", source) / "config.json").read_text())
-    config["transformer_layer_config"]["layer_types"] = ["sliding_attention", "full_attention"]
-    with pytest.raises(ConfigError, match=r"sliding-window layers \[0\]"):
-        draft_config_from_vllm_config(config)
+def sliding_config(tmp_path, **overrides):
+    """A speculators DSpark config.json whose layer 0 slides (window 16) and layer 1 attends fully."""
+    config = json.loads((speculators_dir(tmp_path / "spec", dspark_draft()) / "config.json").read_text())
+    config["transformer_layer_config"].update(use_sliding_window=True, sliding_window=16,
+                                              layer_types=["sliding_attention", "full_attention"])
+    config.update(overrides)
+    return config
+
+
+@pytest.mark.parametrize("non_causal, causal", [(False, True), (True, False)])
+def test_sliding_window_layers_are_read_as_speculators_trained_them(tmp_path, non_causal, causal):
+    cfg = draft_config_from_vllm_config(sliding_config(tmp_path, sliding_window_non_causal=non_causal))
+    assert cfg.layer_types == ["sliding_attention", "full_attention"] and cfg.sliding_window == 16
+    # The sliding layer causal inside the block unless sliding_window_non_causal; the full layer never.
+    assert cfg.layer_attention() == [(16, causal), (None, False)]
+
+
+def test_a_layer_config_without_use_sliding_window_has_no_window(tmp_path):
+    """transformers' Qwen3Config drops the window unless use_sliding_window, and speculators masks such a layer fully."""
+    config = sliding_config(tmp_path)
+    config["transformer_layer_config"]["use_sliding_window"] = False
+    assert draft_config_from_vllm_config(config).layer_attention() == [(None, False), (None, False)]
 
 
 @pytest.mark.skipif(not VLLM_ALGOS.is_file(), reason="no serving env (.venv-serve) with vLLM's speculators converter")
@@ -188,3 +206,24 @@ def test_we_read_the_keys_vllm_serves_from(tmp_path):
             assert served.get(key, default) == getattr(cfg, key), key
         for key in ("markov_rank", "block_size", "mask_token_id", "draft_vocab_size", "head_dim", "num_key_value_heads"):
             assert served[key] == getattr(cfg, key), key
+
+
+@pytest.mark.skipif(not VLLM_ALGOS.is_file(), reason="no serving env (.venv-serve) with vLLM's speculators converter")
+def test_where_vllm_s_own_reading_of_a_speculators_config_differs_we_say_so(tmp_path):
+    """vLLM's converter sets dflash_config.causal for every layer of a DFlash draft: with causal sliding layers
+    its full layer turns causal. The import keeps each layer as trained and the notes name the one vLLM would not."""
+    spec = importlib.util.spec_from_file_location("vllm_speculators_algos", VLLM_ALGOS)
+    algos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(algos)
+    config = sliding_config(tmp_path, speculators_model_type="dflash", sliding_window_non_causal=False,
+                            sample_from_anchor=False)
+    served = dict(config["transformer_layer_config"])
+    algos.SUPPORTED_SPECULATORS_TYPES["dflash"](config_dict=config, pre_trained_config=served)
+    assert vllm_layer_causality(served) == [True, True]  # vLLM's reading: both layers causal
+    cfg = draft_config_from_vllm_config(config)
+    assert cfg.kind == "dflash" and [c for _, c in cfg.layer_attention()] == [True, False]
+    notes = vllm_reading_notes(config)
+    assert notes[0].startswith("layer 1 (full_attention): vLLM would attend causally inside the block")
+    assert "sliding window 16" in notes[1]
+    # DSpark: vLLM resolves each layer from layer_types, as trained; only the window rule is left to say.
+    assert len(vllm_reading_notes(sliding_config(tmp_path / "d", sliding_window_non_causal=False))) == 1

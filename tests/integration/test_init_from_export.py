@@ -38,3 +38,34 @@ def test_a_run_starts_from_a_speculators_dspark_checkpoint(tmp_path):
     assert set(started) == set(source.state_dict())
     for k, tensor in source.state_dict().items():
         torch.testing.assert_close(started[k], tensor.to(torch.bfloat16).float(), rtol=0, atol=1e-6, msg=k)
+
+
+def test_a_run_starts_from_a_speculators_dflash_checkpoint_with_mixed_layers_and_exports_as_it_trained(tmp_path):
+    """speculators' DFlash with a causal sliding layer and a bidirectional full one (its trainer's
+    --full-attention-indices): the run trains with each layer's own mask, and its export keeps both."""
+    import json
+
+    from blockdraft.export.causality import vllm_layer_causality
+    from tests.integration.conftest import REPO
+    from tests.unit.export_helpers import make_draft
+    from tests.unit.test_speculators_import import speculators_dir
+
+    layers = ["sliding_attention", "full_attention"]
+    source = make_draft("dflash", num_layers=2, sliding_window=16, layer_types=layers, sliding_causal=True)
+    spec = speculators_dir(tmp_path / "speculators", source, verifier=REPO / ".cache" / "targets" / "tiny-qwen3",
+                           speculators_model_type="dflash", architectures=["DFlashDraftModel"], sample_from_anchor=False,
+                           sliding_window_non_causal=False)
+    config = json.loads((spec / "config.json").read_text())
+    config["transformer_layer_config"].update(use_sliding_window=True, sliding_window=16, layer_types=layers)
+    (spec / "config.json").write_text(json.dumps(config))
+    run = train_tiny(tmp_path / "run", "draft.num_layers=2", "draft.sliding_window=16",
+                     "draft.layer_types=[sliding_attention,full_attention]", "draft.sliding_causal=true",
+                     f"init_from={spec}", "train.max_steps=1", "optim.lr=1e-12", "optim.weight_decay=0.0",
+                     "data.val=null", "train.save_every=1")
+    started = load_file(str(run / "checkpoints" / "step_1" / "model.safetensors"))
+    for k, tensor in source.state_dict().items():
+        torch.testing.assert_close(started[k], tensor.to(torch.bfloat16).float(), rtol=0, atol=1e-6, msg=k)
+    export = export_draft(run, tmp_path / "export", dtype="float32")
+    exported = json.loads((export / "config.json").read_text())
+    assert exported["layer_types"] == layers and "is_causal" not in exported
+    assert vllm_layer_causality(exported) == [True, False]

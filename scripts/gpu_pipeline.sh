@@ -101,8 +101,10 @@ run_all() {
     echo; echo '```'; command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1
     "$PY" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
     echo '```'; } > "$RESULTS"
+  # Here the demo's SmolLM2 directory is made from its GGUF when missing; there the kit carries its tokenizer.
+  [ "$MODE" = dry ] && [ ! -f "$TOKENIZER_DIR/tokenizer.json" ] && "$PY" -m blockdraft.models.prepare_gguf
   [ -f "$TOKENIZER_DIR/tokenizer.json" ] \
-    || { echo "no tokenizer in $TOKENIZER_DIR: run scripts/gpu_check.sh --prepare (or make demo) first" >&2; return 2; }
+    || { echo "no tokenizer in $TOKENIZER_DIR: run scripts/gpu_check.sh --prepare first" >&2; return 2; }
   rm -rf "$TARGET"
   run_step "random-weight Qwen3, width $WIDTH, 28 layers, SmolLM2's tokenizer" $T_TARGET \
     "$PY" scripts/make_random_target.py "$TOKENIZER_DIR" "$TARGET" --qwen3 "$WIDTH,$HEADS,$KV_HEADS,$HEAD_DIM,$INTERMEDIATE,28" || return 1

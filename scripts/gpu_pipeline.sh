@@ -41,6 +41,8 @@ if [ "$MODE" = dry ]; then
   TOKENIZER_DIR=${TOKENIZER_DIR:-.cache/targets/smollm2-135m-instruct}
   PROMPTS=${PROMPTS:-tiny} NUM_TRAIN=16 NUM_HELDOUT=4 MAX_TOKENS=24 STEPS=20 GATE_STEPS=20 SERVE_TOKENS=16
   ATTENTION=sdpa DTYPE=float32 EXPORT_DTYPE=float32  # flex has no backward on a CPU; vLLM-free CPU serving is fp32
+  # As on the GPU machine, which has no vLLM: the gate and the serve check never ask one.
+  NO_VLLM="serve.vllm_python=/nonexistent/vllm-python gate.vllm_python=/nonexistent/vllm-python"
   OUT=${GPU_PIPELINE_OUT:-/tmp/gpu_pipeline_dry_run}
   T_TARGET=120 T_RUN=900
 else
@@ -49,6 +51,7 @@ else
   PROMPTS=$KIT/data/train.jsonl NUM_TRAIN=${GPU_PIPELINE_ROWS:-48} NUM_HELDOUT=8 MAX_TOKENS=96
   STEPS=${GPU_PIPELINE_STEPS:-300} GATE_STEPS=150 SERVE_TOKENS=64
   ATTENTION=flex DTYPE=bfloat16 EXPORT_DTYPE=bfloat16
+  NO_VLLM=""  # the machine has none: the default serving interpreter is absent
   OUT=/tmp/gpu-pipeline
   # Not yet run on a GPU: regen's transformers backend decodes one turn at a time (about 20 ms a token for
   # a 0.5B model: 56 replies of up to 96 tokens in under 2 minutes), training's flex compiles once.
@@ -65,7 +68,7 @@ pipeline_args() {
        "capture.storage_dtype=bfloat16 draft.target_layer_ids=$LAYERS" \
        "train.max_steps=$STEPS train.attention_backend=$ATTENTION train.dtype=$DTYPE train.log_every=20 train.progress=false" \
        "export.dtype=$EXPORT_DTYPE serve.engine=reference serve.max_tokens=$SERVE_TOKENS" \
-       "gate.engine=reference gate.steps=$GATE_STEPS gate.max_steps=$GATE_STEPS gate.dtype=$EXPORT_DTYPE"
+       "gate.engine=reference gate.steps=$GATE_STEPS gate.max_steps=$GATE_STEPS gate.dtype=$EXPORT_DTYPE $NO_VLLM"
 }
 
 section() { printf '\n## %s\n\n' "$1" >> "$RESULTS"; }

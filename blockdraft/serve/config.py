@@ -172,6 +172,9 @@ class ServeConfig:
                               "(or auto: a fresh pair per round on a GPU).")
         return "fresh"
 
+    def has_vllm_python(self) -> bool:
+        return (Path(self.vllm_python).expanduser() if self.vllm_python else DEFAULT_VLLM_PYTHON).is_file()
+
     def vllm_python_path(self) -> Path:
         """The serving interpreter, which must exist: vLLM pins its own torch, so it lives apart."""
         path = Path(self.vllm_python).expanduser() if self.vllm_python else DEFAULT_VLLM_PYTHON

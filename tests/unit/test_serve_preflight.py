@@ -229,6 +229,17 @@ def test_missing_serving_env_says_make_setup_serve(tmp_path, target_dir):
         plan_serving(cfg, probe=lambda *_: GPU_VLLM)
 
 
+def test_the_reference_engine_needs_no_serving_env(tmp_path, target_dir):
+    """A GPU machine with torch alone (no vLLM) checks a draft with engine=reference; vLLM is never asked."""
+    def probe(*_args):
+        raise AssertionError("no serving interpreter to ask")
+
+    cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d")), target_dir=str(target_dir),
+                      vllm_python=str(tmp_path / "nope" / "python"), engine="reference")
+    plan = plan_serving(cfg, probe=probe)
+    assert plan.engine == "reference" and plan.vllm.version.startswith("none (no serving environment")
+
+
 def test_device_mismatch_is_refused(tmp_path, target_dir):
     cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d")), target_dir=str(target_dir),
                       vllm_python=sys.executable, device="cuda")

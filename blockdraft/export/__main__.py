@@ -25,7 +25,8 @@ from blockdraft.export.contract import ContractError
 from blockdraft.export.inspect import describe
 from blockdraft.export.source import resolve_checkpoint
 from blockdraft.export.importer import read_config
-from blockdraft.export.speculators_format import verifier_path
+from blockdraft.export.speculators_format import is_speculators_config, verifier_path
+from blockdraft.export.speculators_serving import vllm_reading_notes
 from blockdraft.export.writer import ExportCheckError, export_draft, is_other_stacks_draft
 
 register_schema("export_schema", ExportConfig)
@@ -48,7 +49,19 @@ def run(cfg: ExportConfig) -> str:
     target = cfg.target_dir or training_target(cfg.checkpoint)
     out = export_draft(cfg.checkpoint, cfg.out, cfg.dtype, target, cfg.overwrite, cfg.shard_size_bytes)
     checked = f"checked against the target {target}" if target else "no target checks (pass target=<HF dir>)"
-    return f"exported to {out} ({checked})\n{describe(out)}"
+    return f"exported to {out} ({checked})\n{describe(out)}{speculators_source_lines(cfg.checkpoint)}"
+
+
+def speculators_source_lines(checkpoint: str) -> str:
+    """For a speculators checkpoint: where vLLM, given its own config.json, would serve it otherwise than this export."""
+    if not is_other_stacks_draft(Path(checkpoint)):
+        return ""
+    config = read_config(Path(checkpoint))
+    notes = vllm_reading_notes(config) if is_speculators_config(config) else []
+    if not notes:
+        return ""
+    return ("\n  vLLM on the speculators checkpoint's own config.json (each note says what this export does):\n"
+            + "\n".join(f"    - {note}" for note in notes))
 
 
 def training_target(checkpoint: str) -> Optional[str]:

@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from blockdraft.export.__main__ import speculators_source_lines
 from blockdraft.export.causality import vllm_layer_causality
 from blockdraft.export.importer import import_draft
 from blockdraft.export.inspect import describe
@@ -147,6 +148,9 @@ def test_an_export_of_a_speculators_checkpoint_serves_as_it_trained(written, tmp
     assert "is_causal" not in config and "causal" not in config["dflash_config"]
     assert vllm_layer_causality(config) == [True, False]
     assert "VLLM_USE_V2_MODEL_RUNNER=1 vllm serve" in describe(out)  # mixed layers: V2 runner only
+    # The export command says where vLLM, given speculators' own config.json, would not serve it as trained.
+    said = speculators_source_lines(str(written / case))
+    assert ("layer 1 (full_attention): vLLM would attend causally" in said) == (case == "dflash_mixed")
     draft, cfg = import_draft(out)
     verifier = Verifier(written / "verifier")
     parity = torch.load(written / f"{case}.parity.pt")

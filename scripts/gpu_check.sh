@@ -110,21 +110,9 @@ dry_run() {
 }
 
 # --- on the GPU machine ----------------------------------------------------------------------
-section() { printf '\n## %s\n\n' "$1" >> "$RESULTS"; }
-
-# run_step NAME LIMIT CMD...: bounded, timed; its output goes to the results file.
-run_step() {
-  local name=$1 limit=$2; shift 2
-  local started=$SECONDS rc
-  echo "[gpu-check] $name (at most ${limit}s)"
-  timeout --kill-after=10 "$limit" "$@" > "/tmp/gpu_step.log" 2>&1
-  rc=$?
-  section "$name"
-  { echo "command: \`$*\`  "; echo "exit code: $rc$([ $rc = 124 ] && echo ' (timed out)'), $((SECONDS - started)) s"
-    echo; echo '```'; tail -n 60 /tmp/gpu_step.log; echo '```'; } >> "$RESULTS"
-  echo "[gpu-check] $name: exit $rc in $((SECONDS - started)) s"
-  return $rc
-}
+STEP_NAME=gpu-check
+# section and run_step
+source scripts/gpu_steps.sh
 
 recipe_summary() {
   "$PY" - "$1" <<'EOF'

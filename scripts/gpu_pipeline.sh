@@ -72,21 +72,9 @@ pipeline_args() {
        "gate.engine=reference gate.steps=$GATE_STEPS gate.max_steps=$GATE_STEPS gate.dtype=$EXPORT_DTYPE $NO_VLLM"
 }
 
-section() { printf '\n## %s\n\n' "$1" >> "$RESULTS"; }
-
-# run_step NAME LIMIT CMD...: bounded, timed; its output goes to the results file.
-run_step() {
-  local name=$1 limit=$2; shift 2
-  local started=$SECONDS rc
-  echo "[gpu-pipeline] $name (at most ${limit}s)"
-  timeout --kill-after=10 "$limit" "$@" > /tmp/gpu_pipeline_step.log 2>&1
-  rc=$?
-  section "$name"
-  { echo "command: \`$*\`  "; echo "exit code: $rc$([ $rc = 124 ] && echo ' (timed out)'), $((SECONDS - started)) s"
-    echo; echo '```'; tail -n 40 /tmp/gpu_pipeline_step.log; echo '```'; } >> "$RESULTS"
-  echo "[gpu-pipeline] $name: exit $rc in $((SECONDS - started)) s"
-  return $rc
-}
+STEP_NAME=gpu-pipeline
+# section and run_step
+source scripts/gpu_steps.sh
 
 # Each stage's seconds and state, from the run's own record.
 stage_times() {

@@ -48,7 +48,7 @@ def describe(directory: str | Path) -> str:
         f"size on disk: {_human(_disk_size(directory))}",
         "  weights vs the vLLM contract: " + ("ok" if not problems else f"{len(problems)} problem(s): " + "; ".join(problems[:5])),
         *_speculators_lines(speculators),
-        *_deploy_lines(directory, cfg),
+        *_deploy_lines(directory, cfg, speculators),
     ]
     return "\n".join(lines)
 
@@ -81,9 +81,9 @@ def _speculators_lines(config) -> list:
             *(f"    - {note}" for note in notes)]
 
 
-def _deploy_lines(directory: Path, cfg: DraftModelConfig) -> list:
+def _deploy_lines(directory: Path, cfg: DraftModelConfig, speculators) -> list:
     """The export's deploy line; a checkpoint's, or a speculators checkpoint's, as it will read once exported."""
-    if _speculators_config(directory) is not None:
+    if speculators is not None:
         return [f"  deploy, once exported (python -m blockdraft.export checkpoint={directory} out=<export dir>):",
                 *deploy_line(cfg, "<export dir>", None, False).lines("    ")]
     if (directory / CONFIG_NAME).is_file():

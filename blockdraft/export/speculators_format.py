@@ -116,18 +116,18 @@ def vllm_style_config(config: Mapping, where: str = "config.json") -> dict:
         "block_size": int(block_size),
         "draft_vocab_size": config.get("draft_vocab_size"),
         "dflash_config": dflash_config,
-        **attention_keys(kind, config, int(shape["num_hidden_layers"])),
+        **attention_keys(kind, config),
     }
     if kind == "dspark":
         out.update(_dspark_keys(config, where, target_ids))
     return out
 
 
-def trained_layer_types(config: Mapping, layers: int) -> Tuple[List[str], Optional[int]]:
+def trained_layer_types(config: Mapping) -> Tuple[List[str], Optional[int]]:
     """(each draft layer's attention, the window) as speculators rebuilt them: through transformers'
     Qwen3Config, whose window is null unless `use_sliding_window`, and whose absent `layer_types` slide
     from `max_window_layers` on. With no window speculators masks a sliding layer as a full one."""
-    layer = config.get("transformer_layer_config") or {}
+    layer, layers = config.get("transformer_layer_config") or {}, draft_layers(config)
     window = layer.get("sliding_window", QWEN3_SLIDING_WINDOW) if layer.get("use_sliding_window") else None
     if window is None:
         return ["full_attention"] * layers, None
@@ -141,11 +141,22 @@ def trained_sliding_causal(kind: str, config: Mapping) -> bool:
     return not bool(config.get("sliding_window_non_causal", NON_CAUSAL_DEFAULT[kind]))
 
 
-def attention_keys(kind: str, config: Mapping, layers: int) -> dict:
+def trained_causality(kind: str, config: Mapping, types: List[str]) -> List[bool]:
+    """Per layer of `types` (trained_layer_types'), whether speculators trained it causal inside the block."""
+    return [t == SLIDING and trained_sliding_causal(kind, config) for t in types]
+
+
+def draft_layers(config: Mapping) -> int:
+    """The draft's layer count, as speculators' Qwen3Config rebuilds it."""
+    layer = config.get("transformer_layer_config") or {}
+    return int(layer.get("num_hidden_layers", QWEN3_DEFAULTS["num_hidden_layers"]))
+
+
+def attention_keys(kind: str, config: Mapping) -> dict:
     """`layer_types`, the window, and `is_causal` when every layer agrees: vLLM's reading of it is
     what speculators trained (qwen3_dflash.py `_resolve_layer_attention`)."""
-    types, window = trained_layer_types(config, layers)
-    causal = [t == SLIDING and trained_sliding_causal(kind, config) for t in types]
+    types, window = trained_layer_types(config)
+    causal = trained_causality(kind, config, types)
     out: dict = {"is_causal": causal[0]} if len(set(causal)) == 1 else {}
     if SLIDING in types:
         out.update({"use_sliding_window": True, "layer_types": types, "sliding_window": window})

@@ -15,31 +15,24 @@ from __future__ import annotations
 
 from typing import List, Mapping
 
-from blockdraft.export.speculators_format import QWEN3_DEFAULTS, speculators_kind, trained_layer_types, trained_sliding_causal
+from blockdraft.export.speculators_format import speculators_kind, trained_causality, trained_layer_types
 from blockdraft.models.draft_config import SLIDING
 
 
-def trained_causality(kind: str, config: Mapping, layers: int) -> List[bool]:
-    types, _ = trained_layer_types(config, layers)
-    return [t == SLIDING and trained_sliding_causal(kind, config) for t in types]
-
-
-def vllm_causality(kind: str, config: Mapping, layers: int) -> List[bool]:
-    """Per layer, whether vLLM 0.32 attends causally when it reads this speculators config.json itself."""
+def vllm_causality(kind: str, config: Mapping, types: List[str]) -> List[bool]:
+    """Per layer of `types`, whether vLLM 0.32 attends causally when it reads this speculators config.json itself."""
     if kind in ("dflash", "dflash2"):
-        return [not config.get("sliding_window_non_causal", True)] * layers
-    types, _ = trained_layer_types(config, layers)
+        return [not config.get("sliding_window_non_causal", True)] * len(types)
     return [t == SLIDING for t in types]
 
 
 def vllm_reading_notes(config: Mapping) -> List[str]:
     """What vLLM would serve otherwise from this speculators config.json as it is, one line each."""
     kind = speculators_kind(config)
-    layers = int((config.get("transformer_layer_config") or {}).get("num_hidden_layers", QWEN3_DEFAULTS["num_hidden_layers"]))
-    types, window = trained_layer_types(config, layers)
-    trained, served = trained_causality(kind, config, layers), vllm_causality(kind, config, layers)
+    types, window = trained_layer_types(config)
+    trained, served = trained_causality(kind, config, types), vllm_causality(kind, config, types)
     notes = []
-    for i in (i for i in range(layers) if trained[i] != served[i]):
+    for i in (i for i, (t, s) in enumerate(zip(trained, served)) if t != s):
         notes.append(
             f"layer {i} ({types[i]}): vLLM would attend {_how(served[i])} inside the block; speculators trained it "
             f"{_how(trained[i])}. An export from here keeps it {_how(trained[i])} (config.json's layer_types and is_causal)."

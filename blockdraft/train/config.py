@@ -4,7 +4,7 @@ this file composes them and adds the loop's own settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 from omegaconf import MISSING
 
@@ -63,6 +63,9 @@ class LoopConfig:
     draft's argmax token, what vLLM realises with its default draft_sample_method=greedy (with hard labels, 1
     when the argmax is the label) | overlap: sum_v min(q_v, p_v), speculators' 1 - TV for sampled drafts
     (with hard labels, q(label))."""
+    frozen: List[str] = field(default_factory=list)
+    """Draft parameters kept as initialised: every parameter whose name contains one of these, e.g. [mlp] keeps the
+    MLP copied from the target (init_from_target) and trains the rest; [] = train every parameter."""
     feature_noise_std: float = 0.0
     """Std of Gaussian noise added to the target's features while training (never in validation); 0 = off."""
     loss_chunk_size: int = 0

@@ -25,6 +25,7 @@ from blockdraft.train.data_loading import (GlobalBatches, ensure_builtin_data, l
                                            open_training_store, refuse_builtin_data_by_shard)
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
+from blockdraft.train.frozen import check_frozen, freeze
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
@@ -117,6 +118,7 @@ class Trainer:
         target_hf_cfg = load_text_config(cfg.target.path)
         # The draft is resolved (and every id checked) against the target's config before its weights load.
         self.draft_cfg = resolve_draft_config(cfg.draft, target_hf_cfg, special_token_ids(target_hf_cfg, self.tokenizer))
+        check_frozen(lambda: build_draft(self.draft_cfg), cfg.train.frozen)
         store = open_training_store(cfg, target_hf_cfg, self.tokenizer, self.draft_cfg.target_layer_ids) if cfg.data.features else None
         hf_model, by_shard = None, store is None and loads_by_shard(cfg.distributed.target_sharding, self.dist)
         if by_shard:
@@ -144,6 +146,9 @@ class Trainer:
         if self.draft_cfg.train_mask_embedding and self.resume_from is None and not cfg.init_from:
             self.draft.init_mask_embedding(self.target.embed_tokens.weight, cfg.draft.mask_embedding_init)
         self.draft.activation_checkpointing = cfg.train.activation_checkpointing
+        frozen = freeze(self.draft, cfg.train.frozen)
+        if frozen and self.dist.is_main:
+            print(f"[frozen] kept as initialised: {', '.join(frozen)}", flush=True)
         # Before the optimizer: FSDP2 replaces the draft's parameters with their shards.
         self.model = parallelize_draft(self.draft, self.dist, cfg.train.draft_sharding, self.dtype)
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
@@ -225,6 +230,12 @@ class Trainer:
         if saved_optim != self.cfg.optim.name:
             raise ConfigError(f"cannot resume from {path}: it was trained with optim.name={saved_optim}, this run sets "
                               f"optim.name={self.cfg.optim.name}; resume with optim.name={saved_optim}, or start a new run_dir.")
+        saved_frozen = list(OmegaConf.select(saved_cfg, "train.frozen", default=[]) or [])
+        if saved_frozen != list(self.cfg.train.frozen):
+            # The optimizer's state holds one entry per trained parameter: another set cannot take it over.
+            raise ConfigError(f"cannot resume from {path}: it was trained with train.frozen={saved_frozen}, this run sets "
+                              f"train.frozen={list(self.cfg.train.frozen)}; resume with train.frozen={saved_frozen}, or export "
+                              "this checkpoint and start a new run_dir from it with init_from=<the export>.")
         from blockdraft.models import sharded_io
         from blockdraft.models.io import load_draft
 

@@ -31,7 +31,7 @@ TRAINING = [
     "train.max_steps", "train.max_minutes", "train.micro_batch_size", "train.grad_accum", "train.num_anchors",
     "train.loss_type", "train.position_weighting", "train.gamma", "train.loss_normalization", "train.dpace_alpha",
     "train.ce_weight", "train.kl_weight", "train.teacher_top_k", "train.kl_temperature", "train.prefix_weight_base",
-    "train.selector_loss_weight", "train.confidence_weight", "train.confidence_target", "train.feature_noise_std",
+    "train.selector_loss_weight", "train.confidence_weight", "train.confidence_target", "train.frozen", "train.feature_noise_std",
     "train.dtype", "train.val_every", "train.draft_sharding", "prepare.regenerate_builtin", "prepare.num_train", "prepare.num_val",
     "prepare.max_new_tokens", "distributed", "run_dir", "init_from_target", "init_from", "seed",
 ]
@@ -69,7 +69,7 @@ KEY_SETTINGS = {
         "config.train.loss_type", "config.train.position_weighting", "config.train.gamma", "config.train.loss_normalization", "config.train.dpace_alpha",
         "config.train.ce_weight", "config.train.kl_weight", "config.train.teacher_top_k",
         "config.train.kl_temperature", "config.train.prefix_weight_base", "config.train.selector_loss_weight",
-        "config.train.feature_noise_std", "config.train.dtype", "config.train.val_every",
+        "config.train.frozen", "config.train.feature_noise_std", "config.train.dtype", "config.train.val_every",
         "config.train.draft_sharding", "config.prepare.regenerate_builtin", "config.prepare.num_train", "config.prepare.num_val",
         "config.prepare.max_new_tokens", "config.distributed", "config.run_dir", "config.init_from_target",
         "config.init_from", "config.seed", "store", "global_batch",

@@ -40,6 +40,11 @@ MEASURED = {
     "avx512_bf16": Throughputs(17, 25, 0.377, 0.255, 0.1145, 12, 3, 1 / 20.03, 1 / 26.10, 1.05 / 20.03),
     "other": Throughputs(48, 82, 0.788, 0.735, 0.21, 41, 6, 1 / 7.55, 1 / 7.41, 1.42 / 7.55),
 }
+# Soft labels (train.kl_weight=1: the target's top-32 kept beside the features, and a KL term in the loss) against
+# hard labels alone, on a Xeon with AMX from the same 200 float32 rows (docs/benchmarks-history.md, small_data):
+# the capture took 65.5 s against 59.9 s, a step 0.1103 s against 0.1011 s.
+SOFT_LABEL_CAPTURE_FACTOR = 65.5 / 59.9
+SOFT_LABEL_STEP_FACTOR = 0.1103 / 0.1011
 # The probe (pipeline/round_cost.py PROBE_SETTINGS): one warm-up prompt and four measured ones of 64
 # tokens a side, after a short request of 8; the serve app's own start (imports, tokenizer) besides.
 PROBE_TOKENS_A_SIDE = 5 * 64 + 8
@@ -49,16 +54,22 @@ APP_START_S = 10.0
 PAIR_STARTUP_FACTOR = 47.1 / 32
 
 
+def step_seconds(size: dict, speed: Throughputs) -> float:
+    """One training step of the preset `size` on this class: dearer with soft labels."""
+    return speed.step_s * (SOFT_LABEL_STEP_FACTOR if size.get("soft_labels") else 1.0)
+
+
 def stage_seconds(size: dict, speed: Throughputs, heldout_rows: int = 48, serve_tokens: int = 128) -> dict:
-    """Seconds per stage (and the probe) of a preset `size`: rows, minutes, steps, serve_prompts, warmup_prompts."""
+    """Seconds per stage (and the probe) of a preset `size`: rows, minutes, steps, serve_prompts, warmup_prompts,
+    and soft_labels (optional)."""
     serve_tokens_a_side = (size["serve_prompts"] + size["warmup_prompts"]) * serve_tokens + 8
     return {
         "target": speed.target_s,
         "probe": PAIR_STARTUP_FACTOR * speed.startup_s + APP_START_S
         + PROBE_TOKENS_A_SIDE * (speed.baseline_token_s + speed.probe_token_s),
         "regen": speed.startup_s + (size["rows"] + heldout_rows) * speed.regen_row_s,
-        "capture": size["rows"] * speed.capture_row_s,
-        "train": speed.train_setup_s + min(size["minutes"] * 60, size["steps"] * speed.step_s),
+        "capture": size["rows"] * speed.capture_row_s * (SOFT_LABEL_CAPTURE_FACTOR if size.get("soft_labels") else 1.0),
+        "train": speed.train_setup_s + min(size["minutes"] * 60, size["steps"] * step_seconds(size, speed)),
         "export": speed.export_s,
         "serve": PAIR_STARTUP_FACTOR * speed.startup_s + APP_START_S
         + serve_tokens_a_side * (speed.baseline_token_s + speed.draft_token_s),

@@ -5,7 +5,7 @@ measured throughputs (blockdraft/demo_budget.py)."""
 import pytest
 
 from blockdraft import demo
-from blockdraft.demo_budget import BUDGET_S, MAX_MEASURE_SHARE, MEASURED, MIN_TRAIN_SHARE, shares, stage_seconds
+from blockdraft.demo_budget import BUDGET_S, MAX_MEASURE_SHARE, MEASURED, MIN_TRAIN_SHARE, shares, stage_seconds, step_seconds
 
 
 @pytest.mark.parametrize("cpu", sorted(MEASURED))
@@ -20,7 +20,7 @@ def test_the_preset_fits_the_budget_with_its_shares_on_every_cpu_class(cpu):
 @pytest.mark.parametrize("cpu", sorted(MEASURED))
 def test_the_steps_are_what_the_minutes_buy_so_the_schedule_runs_its_course(cpu):
     size, speed = demo.SIZES[cpu], MEASURED[cpu]
-    assert size["steps"] * speed.step_s == pytest.approx(size["minutes"] * 60, rel=0.02)
+    assert size["steps"] * step_seconds(size, speed) == pytest.approx(size["minutes"] * 60, rel=0.02)
 
 
 def test_the_old_one_minute_size_fails_the_shares_on_the_slowest_class():
@@ -31,5 +31,16 @@ def test_the_old_one_minute_size_fails_the_shares_on_the_slowest_class():
 
 def test_each_cpu_class_gets_its_size_and_served_prompts():
     words = demo.preset({"amx": False, "avx512_bf16": False, "cpu_model": "x"})
-    assert "regen.num_train=200" in words and "serve.num_prompts=6" in words and "train.max_minutes=11" in words
+    assert "regen.num_train=200" in words and "serve.num_prompts=6" in words and "train.max_minutes=10.8" in words
     assert "serve.rounds=1" in words
+    # Soft labels where training passes over few rows many times; not where it was not measured to pay.
+    assert "train.kl_weight=1.0" in words
+    assert "train.kl_weight=1.0" not in demo.preset({"amx": True, "avx512_bf16": True, "cpu_model": "x"})
+
+
+def test_soft_labels_cost_their_capture_and_steps_in_the_budget():
+    size = dict(demo.SIZES["other"])
+    with_labels = stage_seconds(size, MEASURED["other"])
+    without = stage_seconds({**size, "soft_labels": False}, MEASURED["other"])
+    assert with_labels["capture"] > without["capture"]
+    assert step_seconds(size, MEASURED["other"]) > step_seconds({**size, "soft_labels": False}, MEASURED["other"])

@@ -26,10 +26,10 @@ def test_the_preset_is_sized_for_the_cpu_and_says_so(capsys):
                                         [w for w in s.recipe if w.startswith("train.max_")])
         demo.say_size(facts)
     assert sizes["amx"] == (["num_train=1000"], ["train.max_minutes=10", "train.max_steps=5850"])
-    assert sizes["other"] == (["num_train=200"], ["train.max_minutes=11", "train.max_steps=3140"])
+    assert sizes["other"] == (["num_train=200"], ["train.max_minutes=10.8", "train.max_steps=2830"])
     shown = capsys.readouterr().out
-    assert ("a CPU without AVX512-BF16 or AMX (AMD EPYC): 200 training conversations, at most 11 min (3140 steps) "
-            "of training and 6 served prompts") in shown
+    assert ("a CPU without AVX512-BF16 or AMX (AMD EPYC): 200 training conversations, at most 10.8 min (2830 steps) "
+            "of training, with soft labels, and 6 served prompts") in shown
     # The held-out prompts are the same on every CPU; the slowest serves half of them.
     assert all("regen.num_heldout=48" in demo.preset(f) for f in (AMX, EPYC_PLAIN))
     assert "serve.num_prompts=16" in demo.preset(AMX) and "serve.num_prompts=6" in demo.preset(EPYC_PLAIN)

@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import List
 
@@ -66,6 +67,31 @@ def probe_step_times(recipes: dict, results: dict, results_path: Path, store: st
                           list(overrides), validate=False, experiment=experiment)
             results["step_times"][kind] = step_seconds(probe)
             results_path.write_text(json.dumps(results, indent=2))
+
+
+def kept_runs(results_path: Path, runs) -> dict:
+    """`runs`: (key, measure) pairs. Each key is measured once and kept in `results_path` as it finishes, so a
+    rerun skips the keys it has (resumable) and measures only the new ones; returns every key's result."""
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for key, measure in runs:
+        if key in results:
+            print(f"{key}: kept from {results_path}")
+            continue
+        results[key] = measure()
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
+        print(key, results[key], flush=True)
+    return results
+
+
+def budget_point(args, out: Path, step_time: float, rows: int, minutes: float) -> dict:
+    """One point of the curve: the first `rows` rows trained for what `minutes` buy, validated at the end."""
+    steps = round(minutes * 60 / step_time)
+    records = train(out / f"{rows}@{minutes:g}", args.store, args.train_rows, args.val_rows, steps, args.seed,
+                    [*args.recipe, f"data.max_rows={rows}"])
+    val = [r for r in records if r.get("split") == "val"][-1]
+    return {"rows": rows, "minutes": minutes, "steps": steps, "val_accept_len": val["val/accept_len"],
+            "val_acc": val["val/acc_per_slot"], "command": command_line()}
 
 
 def plot(results: dict, path: Path) -> None:
@@ -135,25 +161,10 @@ def main() -> None:
     parser.add_argument("--out", default=".cache/bench/scaling")
     args = parser.parse_args()
     out = Path(args.out)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     step_time = args.step_time or step_seconds(
         train(out / "probe", args.store, args.train_rows, args.val_rows, PROBE_STEPS, args.seed, args.recipe, validate=False))
-    for rows in args.rows:
-        for minutes in args.minutes:
-            key = f"{rows}@{minutes:g}"
-            if key in results:
-                print(f"{key}: kept from {results_path}")
-                continue
-            steps = round(minutes * 60 / step_time)
-            records = train(out / key, args.store, args.train_rows, args.val_rows, steps, args.seed,
-                            [*args.recipe, f"data.max_rows={rows}"])
-            val = [r for r in records if r.get("split") == "val"][-1]
-            results[key] = {"rows": rows, "minutes": minutes, "steps": steps, "val_accept_len": val["val/accept_len"],
-                            "val_acc": val["val/acc_per_slot"], "command": command_line()}
-            out.mkdir(parents=True, exist_ok=True)
-            results_path.write_text(json.dumps(results, indent=2) + "\n")
-            print(key, results[key], flush=True)
+    results = kept_runs(out / "results.json", [(f"{rows}@{minutes:g}", partial(budget_point, args, out, step_time, rows, minutes))
+                                               for rows in args.rows for minutes in args.minutes])
     figure = FIGURES / "scaling.png"
     plot(results, figure)
     title = "What a budget buys: held-out accept_len against training minutes and rows (SmolLM2-135M)"

@@ -22,10 +22,10 @@ finishes: a rerun skips the runs it has.
 from __future__ import annotations
 
 import argparse
-import json
+from functools import partial
 from pathlib import Path
 
-from bench_scaling import step_seconds, train
+from bench_scaling import kept_runs, step_seconds, train
 from publish import command_line, provenance, publish
 
 # name -> (overrides, which store): each lever changes one thing of the demo recipe.
@@ -90,18 +90,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", default=".cache/bench/small_data")
     args = parser.parse_args()
-    results_path = Path(args.out) / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    for seed in args.seeds:
-        for name in args.levers:
-            key = f"{name}@{seed}"
-            if key in results:
-                print(f"{key}: kept from {results_path}")
-                continue
-            results[key] = run_lever(args, name, seed)
-            results_path.parent.mkdir(parents=True, exist_ok=True)
-            results_path.write_text(json.dumps(results, indent=2) + "\n")
-            print(key, results[key]["curve"], flush=True)
+    results = kept_runs(Path(args.out) / "results.json",
+                        [(f"{name}@{seed}", partial(run_lever, args, name, seed)) for seed in args.seeds for name in args.levers])
     title = "Learning levers at the slowest CPU's demo budget: 200 rows, 3140 steps (SmolLM2-135M)"
     publish("small_data", title, section(results, args))
 

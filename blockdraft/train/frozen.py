@@ -46,3 +46,13 @@ def freeze(model: nn.Module, patterns: Sequence[str]) -> List[str]:
     for name in names:
         parameters[name].requires_grad_(False)
     return names
+
+
+def check_resume_frozen(checkpoint, saved: Sequence[str], now: Sequence[str]) -> None:
+    """A resume keeps the frozen set its checkpoint was trained with: the optimizer's state holds one entry per
+    trained parameter, so another set cannot take it over."""
+    saved, now = list(saved or []), list(now)
+    if saved != now:
+        raise ConfigError(f"cannot resume from {checkpoint}: it was trained with train.frozen={saved}, this run sets "
+                          f"train.frozen={now}; resume with train.frozen={saved}, or export this checkpoint and start a "
+                          "new run_dir from it with init_from=<the export>.")

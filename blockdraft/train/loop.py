@@ -25,7 +25,7 @@ from blockdraft.train.data_loading import (GlobalBatches, ensure_builtin_data, l
                                            open_training_store, refuse_builtin_data_by_shard)
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
-from blockdraft.train.frozen import check_frozen, freeze
+from blockdraft.train.frozen import check_frozen, check_resume_frozen, freeze
 from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
@@ -230,12 +230,7 @@ class Trainer:
         if saved_optim != self.cfg.optim.name:
             raise ConfigError(f"cannot resume from {path}: it was trained with optim.name={saved_optim}, this run sets "
                               f"optim.name={self.cfg.optim.name}; resume with optim.name={saved_optim}, or start a new run_dir.")
-        saved_frozen = list(OmegaConf.select(saved_cfg, "train.frozen", default=[]) or [])
-        if saved_frozen != list(self.cfg.train.frozen):
-            # The optimizer's state holds one entry per trained parameter: another set cannot take it over.
-            raise ConfigError(f"cannot resume from {path}: it was trained with train.frozen={saved_frozen}, this run sets "
-                              f"train.frozen={list(self.cfg.train.frozen)}; resume with train.frozen={saved_frozen}, or export "
-                              "this checkpoint and start a new run_dir from it with init_from=<the export>.")
+        check_resume_frozen(path, OmegaConf.select(saved_cfg, "train.frozen", default=[]), self.cfg.train.frozen)
         from blockdraft.models import sharded_io
         from blockdraft.models.io import load_draft
 

@@ -391,27 +391,28 @@ def anchor_clamp_warning(info: VllmInfo, draft: DraftFacts) -> List[str]:
     ]
 
 
-def without_vllm(requested_device: str) -> VllmInfo:
-    """What the plan records where engine=reference runs with no serving environment (a GPU machine with
-    torch alone): the reference engine needs none, so nothing of vLLM is asked."""
+def without_vllm(requested_device: str, why: str = "no serving environment; engine=reference") -> VllmInfo:
+    """What the plan records where engine=reference runs: the reference engine needs no vLLM, so nothing of it
+    is asked (on a GPU machine with torch alone there is none to ask; elsewhere asking costs a vLLM import,
+    9 s on a 2-core CPU)."""
     import torch
 
     device = requested_device if requested_device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    return VllmInfo(version="none (no serving environment; engine=reference)", device=device, has_triton=False,
-                    v2_runner_env=None)
+    return VllmInfo(version=f"none ({why})", device=device, has_triton=False, v2_runner_env=None)
 
 
 def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) -> Plan:
     """All checks, cheapest first; returns the plan or raises ConfigError before anything heavy runs."""
     cfg.validate()
-    python = None if cfg.engine == "reference" and not cfg.has_vllm_python() else cfg.vllm_python_path()
+    python = None if cfg.engine == "reference" else cfg.vllm_python_path()
     verify_checksums(cfg.draft_dir)  # a corrupt export is named here, not by a vLLM crash
     draft, target = read_draft(cfg.draft_dir), read_target(cfg.target_dir)
     check_against_target(draft, target)
     check_fc_weight(draft, target, fc_in_features(draft.directory))
     k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.trained_tokens, draft.trained_tokens_label)
     check_drafted_tokens(draft.kind, k, draft.block_size)
-    info = probe(python, target.architecture) if python else without_vllm(cfg.device)
+    info = (probe(python, target.architecture) if python
+            else without_vllm(cfg.device) if not cfg.has_vllm_python() else without_vllm(cfg.device, "not asked: engine=reference"))
     engine, notes = choose_engine(draft, info, target, cfg.engine)
     if engine == "vllm":
         check_vllm_support(info, draft, target)

@@ -44,13 +44,18 @@ def test_scaled_down_demo_runs_end_to_end_and_a_rerun_skips_every_stage(tmp_path
     assert report["incomplete"] is False, report.get("error")
     assert report["lossless"] is True, report.get("mismatches")
     assert report["spec_decode"]["num_drafts"] > 0  # the draft was asked for tokens
+    # The held-out prompts checked against the export's record of the training rows: none trained on.
+    assert report["held_out"]["training_prompts"] > 0 and report["held_out"]["trained_on"] == 0
+    # Where it ran, as vLLM's own log states its thread binding, and what a round cost.
+    assert "core ids=" in report["vllm_omp_binding"]["draft"] and report["round_cost"] > 0
+    assert report["pays"]["acceptance_needed"] == report["round_cost"] and "  pays?  " in first.stdout
     assert (work / "export" / "config.json").is_file()
     assert len((work / "regen" / "heldout.jsonl").read_text().splitlines()) == 4
     assert (work / "store" / "index.json").is_file()  # trained from the capture's feature store
     # The CPU's size is said first, the round cost before the long stages; the round on a kept pair.
     assert first.stdout.index("[demo] a CPU") < first.stdout.index("round cost: a draft-and-verify round costs")
     assert first.stdout.index("round cost: a draft-and-verify round costs") < first.stdout.index("=== regen ===")
-    # The probe in real vLLM (tests/integration/test_pipeline.py runs with round_cost=false; the fake vLLM's
+    # The probe in real vLLM (tests/integration/test_pipeline.py serves on the reference engine; the fake vLLM's
     # probe is tests/integration/test_round_cost_probe.py): an untrained draft on a kept pair, its figure recorded
     # with its interval over the probe's prompts.
     probe = json.loads((work / "round_cost" / "serve" / "report.json").read_text())

@@ -240,6 +240,18 @@ def test_the_reference_engine_needs_no_serving_env(tmp_path, target_dir):
     assert plan.engine == "reference" and plan.vllm.version.startswith("none (no serving environment")
 
 
+def test_the_reference_engine_does_not_ask_a_serving_env_it_will_not_use(tmp_path, target_dir):
+    """engine=reference beside a serving environment: asking vLLM would cost an import of it (9 s on a 2-core
+    CPU) for a check that never starts it."""
+    def probe(*_args):
+        raise AssertionError("vLLM asked for engine=reference")
+
+    cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d")), target_dir=str(target_dir),
+                      vllm_python=sys.executable, engine="reference")
+    plan = plan_serving(cfg, probe=probe)
+    assert plan.engine == "reference" and plan.vllm.version == "none (not asked: engine=reference)"
+
+
 def test_device_mismatch_is_refused(tmp_path, target_dir):
     cfg = ServeConfig(draft_dir=str(write_draft(tmp_path / "d")), target_dir=str(target_dir),
                       vllm_python=sys.executable, device="cuda")

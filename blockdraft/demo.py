@@ -64,8 +64,12 @@ SIZES = {
     # warm-up, and the rows that 10.8 minutes of training leave room for. Training passes over those 200 rows
     # about 14 times, so it takes soft labels (train.kl_weight=1, the target's top-32 kept by the capture): on
     # those rows vLLM's mean acceptance length went from 1.290 to 1.356, for a capture and a step 1.09x as long
-    # (docs/benchmarks-history.md, small_data).
-    "other": {"rows": 200, "minutes": 10.8, "steps": 2830, "serve_prompts": 6, "warmup_prompts": 1, "soft_labels": True},
+    # (docs/benchmarks-history.md, small_data). It serves one drafted token a round: on AVX2 code paths the
+    # target's forward grows with every token it verifies (a round costs 1.19, 1.29 and 1.35 plain steps at
+    # k = 1, 2, 3, where AVX-512 and AMX give 1.14, 1.18, 1.18), while this draft's second and third tokens add
+    # 0.06 of acceptance (docs/benchmarks-history.md, round_profile_avx2).
+    "other": {"rows": 200, "minutes": 10.8, "steps": 2830, "serve_prompts": 6, "warmup_prompts": 1, "soft_labels": True,
+              "speculative_tokens": 1},
 }
 CPU_NAMES = {"amx": "a CPU with AMX", "avx512_bf16": "a CPU with AVX512-BF16 and no AMX",
              "other": "a CPU without AVX512-BF16 or AMX"}
@@ -79,7 +83,8 @@ def sized_for(facts: dict) -> List[str]:
     size = SIZES[cpu_class(facts)]
     return [f"regen.num_train={size['rows']}", f"train.max_minutes={size['minutes']:g}", f"train.max_steps={size['steps']}",
             f"serve.num_prompts={size['serve_prompts']}", f"serve.warmup_prompts={size['warmup_prompts']}",
-            *(["train.kl_weight=1.0"] if size.get("soft_labels") else [])]
+            *(["train.kl_weight=1.0"] if size.get("soft_labels") else []),
+            *([f"serve.num_speculative_tokens={size['speculative_tokens']}"] if size.get("speculative_tokens") else [])]
 
 
 def target_stage(target_dir: str) -> Stage:
@@ -125,6 +130,10 @@ def say_size(facts: dict) -> None:
           f"{size['minutes']:g} min ({size['steps']} steps) of training{labels} and {size['serve_prompts']} served prompts "
           "fit the 30-minute budget here (docs/benchmarks-history.md, demo_budget); regen.num_train=, train.max_minutes= "
           "and serve.num_prompts= change them", flush=True)
+    if size.get("speculative_tokens"):
+        print(f"[demo] served with {size['speculative_tokens']} drafted token(s) a round: on this CPU's code paths a round "
+              "costs more with every token the target verifies (docs/benchmarks-history.md, round_profile_avx2); "
+              "serve.num_speculative_tokens= changes it", flush=True)
 
 
 def print_config(s: PipelineSettings) -> None:

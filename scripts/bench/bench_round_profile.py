@@ -31,6 +31,12 @@ from pathlib import Path
 from publish import DOC, REPO, command_line, provenance, publish
 
 RECIPE = "smollm2_dflash_cpu"
+# Set by scripts/bench/emulate_avx2.sh: every process of the run takes the code paths of a CPU without AVX-512.
+EMULATED = os.environ.get("BLOCKDRAFT_EMULATED_ISA", "")
+EMULATION_NOTE = {"avx2": (
+    "Run under `scripts/bench/emulate_avx2.sh`: torch, oneDNN, MKL and vLLM (its `_C_AVX2` kernels) take the "
+    "code paths of a CPU without AVX-512 on this AVX-512 machine, whose cores, caches and memory stay its own. "
+    "Its milliseconds are not that CPU's; how a round's cost grows against a plain step is what it shows.\n\n")}
 # What each timed method is called in the table, in the order a round runs them. Timings nest
 # (propose holds the draft's forward); exclusive times are taken in `phases_of`.
 PHASES = (
@@ -276,8 +282,10 @@ def main() -> None:
             r = runs[label][-1]
             print(f"repeat {repeat + 1} {label}: step {median_of(r, 'wall'):.2f} ms over {len(r['steps'])} steps, "
                   f"cores {r['cores']}, {r['process_s']:.0f} s", flush=True)
-    publish("round_profile", "vLLM round profile: where a draft-and-verify round's time goes on a CPU (SmolLM2-135M)",
-            body(args, configs, runs), doc=Path(args.doc))
+    key, title = "round_profile", "vLLM round profile: where a draft-and-verify round's time goes on a CPU (SmolLM2-135M)"
+    if EMULATED == "avx2":
+        key, title = "round_profile_avx2", "vLLM round profile with AVX2 code paths on an AVX-512 CPU (SmolLM2-135M)"
+    publish(key, title, body(args, configs, runs), doc=Path(args.doc))
 
 
 def body(args, configs, runs) -> str:
@@ -287,7 +295,9 @@ def body(args, configs, runs) -> str:
         rows.append(summary(label, runs[label], runs["plain, nobind" if bind == "nobind" else "plain"]))
     cores = "; ".join(sorted({f"{bind}: {runs[label][0]['cores']}" for label, _, _, bind in configs}))
     command = command_line(python=".venv-serve/bin/python", env="OMP_WAIT_POLICY=PASSIVE")
-    return (provenance(command) + "\n" + f"vLLM {__import__('vllm').__version__}, CPU, float32, enforce_eager, greedy, one request, "
+    if EMULATED:
+        command = command.replace("OMP_WAIT_POLICY=PASSIVE ", f"OMP_WAIT_POLICY=PASSIVE scripts/bench/emulate_{EMULATED}.sh ")
+    return (provenance(command) + "\n" + EMULATION_NOTE.get(EMULATED, "") + f"vLLM {__import__('vllm').__version__}, CPU, float32, enforce_eager, greedy, one request, "
             f"{args.num_prompts} prompts ({args.prompts}) x {args.max_tokens} tokens (ignore_eos), decode steps only; "
             f"untrained drafts of `experiment={RECIPE}` (1 layer, block 4, draft vocabulary {args.vocab}); "
             f"configurations alternated {args.repeats} times, each in its own process. Phases are exclusive times "

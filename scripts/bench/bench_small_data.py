@@ -37,6 +37,8 @@ LEVERS = {
     "vocab_16384": (["draft.draft_vocab_size=16384"], "store"),
     "feature_noise": (["train.feature_noise_std=0.5"], "store"),
     "lr_1e-3": (["optim.lr=1.0e-3"], "store"),
+    # Served one drafted token a round (that CPU's preset): a block of 2 spends every supervised slot on slot 1.
+    "soft_block_2": (["train.kl_weight=1.0", "draft.block_size=2"], "kl_store"),
 }
 
 

@@ -35,7 +35,11 @@ def test_each_cpu_class_gets_its_size_and_served_prompts():
     assert "serve.rounds=1" in words
     # Soft labels where training passes over few rows many times; not where it was not measured to pay.
     assert "train.kl_weight=1.0" in words
-    assert "train.kl_weight=1.0" not in demo.preset({"amx": True, "avx512_bf16": True, "cpu_model": "x"})
+    fast = demo.preset({"amx": True, "avx512_bf16": True, "cpu_model": "x"})
+    assert "train.kl_weight=1.0" not in fast
+    # One drafted token a round where a round's cost grows with the tokens verified; the trained block elsewhere.
+    assert "serve.num_speculative_tokens=1" in words
+    assert not any(w.startswith("serve.num_speculative_tokens=") for w in fast)
 
 
 def test_soft_labels_cost_their_capture_and_steps_in_the_budget():

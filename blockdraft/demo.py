@@ -65,9 +65,9 @@ SIZES = {
     # about 14 times, so it takes soft labels (train.kl_weight=1, the target's top-32 kept by the capture): on
     # those rows vLLM's mean acceptance length went from 1.290 to 1.356, for a capture and a step 1.09x as long
     # (docs/benchmarks-history.md, small_data). It serves one drafted token a round: on AVX2 code paths the
-    # target's forward grows with every token it verifies (a round costs 1.19, 1.29 and 1.35 plain steps at
-    # k = 1, 2, 3, where AVX-512 and AMX give 1.14, 1.18, 1.18), while this draft's second and third tokens add
-    # 0.06 of acceptance (docs/benchmarks-history.md, round_profile_avx2).
+    # target's forward grows with every token it verifies, and this draft served under them cost 1.21 plain steps
+    # a round at k = 1 against 1.38 at k = 3 (AVX-512 gives 1.14 and 1.18), while its second and third tokens
+    # add 0.06 of acceptance: 1.079x against 0.987x (docs/benchmarks-history.md, round_profile_avx2).
     "other": {"rows": 200, "minutes": 10.8, "steps": 2830, "serve_prompts": 6, "warmup_prompts": 1, "soft_labels": True,
               "speculative_tokens": 1},
 }

@@ -391,7 +391,7 @@ def anchor_clamp_warning(info: VllmInfo, draft: DraftFacts) -> List[str]:
     ]
 
 
-def without_vllm(requested_device: str, why: str = "no serving environment; engine=reference") -> VllmInfo:
+def without_vllm(requested_device: str, why: str) -> VllmInfo:
     """What the plan records where engine=reference runs: the reference engine needs no vLLM, so nothing of it
     is asked (on a GPU machine with torch alone there is none to ask; elsewhere asking costs a vLLM import,
     9 s on a 2-core CPU)."""
@@ -411,8 +411,11 @@ def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) 
     check_fc_weight(draft, target, fc_in_features(draft.directory))
     k, warnings = speculative_tokens(cfg.num_speculative_tokens, draft.trained_tokens, draft.trained_tokens_label)
     check_drafted_tokens(draft.kind, k, draft.block_size)
-    info = (probe(python, target.architecture) if python
-            else without_vllm(cfg.device) if not cfg.has_vllm_python() else without_vllm(cfg.device, "not asked: engine=reference"))
+    if python:
+        info = probe(python, target.architecture)
+    else:
+        info = without_vllm(cfg.device, "not asked: engine=reference" if cfg.has_vllm_python() else
+                            "no serving environment; engine=reference")
     engine, notes = choose_engine(draft, info, target, cfg.engine)
     if engine == "vllm":
         check_vllm_support(info, draft, target)

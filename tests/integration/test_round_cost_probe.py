@@ -3,7 +3,7 @@ recipe's shape is served through `python -m blockdraft.serve` as the pipeline do
 with the acceptance length a draft needs, kept in the machine's record, and read from there by a rerun and
 by a pipeline in another out; a changed machine or draft shape measures again.
 The same probe in real vLLM is tests/slow/test_demo_scaled_down.py; tests/integration/test_pipeline.py
-runs with round_cost=false so that make test pays its two vLLM start-ups once, not twice."""
+runs with round_cost=false and serves on the reference engine, so make test starts no vLLM for either."""
 
 import contextlib
 import io

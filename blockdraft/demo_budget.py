@@ -35,8 +35,9 @@ class Throughputs:
 # From each class's demo (docs/benchmarks-history.md, demo_budget): AMX 2026-12-03 (9323034), AVX512-BF16
 # 2026-12-04 (5992ac1), neither 2026-12-03 (7b0ee35). The untrained draft's token costs a round: the round
 # cost measured there (1.22, 1.05, 1.42) times a plain step. Those were rounds of 3 drafted tokens; the class
-# without AVX-512 now serves 1, whose round costs less on its code paths (1.21 against 1.35 plain steps,
-# docs/benchmarks-history.md, round_profile_avx2), so its probe and serve stage take at most what is counted here.
+# without AVX-512 now serves 1, whose round costs less on its code paths (its draft served 1.21 plain steps a round
+# at k = 1 against 1.38 at k = 3, docs/benchmarks-history.md, round_profile_avx2), so its probe and serve stage take
+# at most what is counted here.
 MEASURED = {
     "amx": Throughputs(18, 32, 0.375, 0.149, 0.1025, 12, 3, 1 / 14.73, 1 / 16.91, 1.22 / 14.73),
     "avx512_bf16": Throughputs(17, 25, 0.377, 0.255, 0.1145, 12, 3, 1 / 20.03, 1 / 26.10, 1.05 / 20.03),

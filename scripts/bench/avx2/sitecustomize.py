@@ -5,6 +5,7 @@ torch's own kernels, oneDNN and MKL."""
 
 import os
 
+
 def _answer_no_avx512() -> None:
     try:
         import torch.cpu

@@ -128,6 +128,17 @@ class DistributedConfig:
     """none (every rank loads the whole target) | fsdp (built on the meta device, each rank reads only its shard of
     each decoder layer from the safetensors, layers gathered one at a time in the forward: no rank holds the whole
     target; docs/scaling-out.md)."""
+    target_mesh: str = "global"
+    """With target_sharding=fsdp: global (each layer sharded over every rank) | node (sharded over the ranks of a
+    node, replicated across nodes: a layer's gathers stay on the node's links; docs/scaling-out.md)."""
+    timeout_s: float = 600.0
+    """How long a rank waits in a collective of a training step (and on a rank that stopped beating) before the
+    run stops with the reason. A rank that is alive and busy with a chore others wait on is waited for."""
+    startup_timeout_s: float = 1800.0
+    """The same limit until the first optimizer step ends: loading a large target, compiling, first allocations."""
+    lease_s: float = 120.0
+    """The run directory's lock is a lease renewed every lease_s / 4 seconds by rank 0: a run on other hosts takes
+    over a lock whose lease is older than this (the node that held it is lost), never a live one."""
 
 
 @dataclass
@@ -161,7 +172,8 @@ class TrainAppConfig:
     # reproduces an uninterrupted one (tests/faults), which is why save_every and keep_last are here.
     OUTPUT_NEUTRAL = ("train.log_every", "train.save_every", "train.keep_last", "train.progress",
                       "train.max_nonfinite_steps", "train.attention_backend", "train.activation_checkpointing",
-                      "train.loss_chunk_size", "distributed.target_sharding", "wandb", "data.cache_dir",
+                      "train.loss_chunk_size", "distributed.target_sharding", "distributed.target_mesh",
+                      "distributed.timeout_s", "distributed.startup_timeout_s", "distributed.lease_s", "wandb", "data.cache_dir",
                       "data.tokenize_workers", "resume", "overwrite", "name")
     # How far the run goes: a larger value continues the run from its last checkpoint instead of starting anew.
     EXTENT = ("train.max_steps", "train.max_minutes")

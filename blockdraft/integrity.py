@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Optional, Tuple
 
 from blockdraft.errors import DataError
 
@@ -27,13 +28,23 @@ def write_checksums(directory) -> None:
 
 def verify_checksums(directory) -> None:
     """Raise naming the first corrupt or missing file; a directory without checksums passes."""
+    problem = checksum_problem(directory)
+    if problem:
+        raise DataError(problem)
+
+
+def checksum_problem(directory, share: Optional[Tuple[int, int]] = None) -> str:
+    """The first corrupt or missing file's description ('' if none). `share` = (rank, world): only every
+    world-th listed file from `rank` on is hashed, so the ranks of a run check a directory once between them."""
     directory = Path(directory)
     listing = directory / CHECKSUMS_NAME
     if not listing.exists():
-        return
-    for name, expected in json.loads(listing.read_text()).items():
+        return ""
+    rank, world = share or (0, 1)
+    for name, expected in sorted(json.loads(listing.read_text()).items())[rank::world]:
         path = directory / name
         if not path.exists():
-            raise DataError(f"{path} is missing (listed in {listing}); the directory is incomplete: use another checkpoint.")
+            return f"{path} is missing (listed in {listing}); the directory is incomplete: use another checkpoint."
         if sha256_of(path) != expected:
-            raise DataError(f"{path} is corrupt (its sha256 differs from {listing}); use another checkpoint or re-export.")
+            return f"{path} is corrupt (its sha256 differs from {listing}); use another checkpoint or re-export."
+    return ""

@@ -49,16 +49,19 @@ def load_draft_config(directory: str | Path) -> DraftModelConfig:
     return DraftModelConfig.from_dict(json.loads((Path(directory) / DRAFT_CONFIG_NAME).read_text()))
 
 
-def load_draft(directory: str | Path):
+def load_draft(directory: str | Path, verified: bool = False):
     """Rebuild a draft from a checkpoint directory; every tensor must match by name and shape. A sharded
-    checkpoint (train.draft_sharding=fsdp) is read whole on this one process, without a process group."""
+    checkpoint (train.draft_sharding=fsdp) is read whole on this one process, without a process group.
+    `verified`: its checksums were checked already (a resume's ranks check it once between them)."""
     directory = Path(directory)
-    verify_checksums(directory)
+    if not verified:
+        verify_checksums(directory)
     draft = build_draft(load_draft_config(directory))
     from blockdraft.models import sharded_io as shards
 
     if shards.is_sharded(directory):
-        shards.verify_shards(directory)
+        if not verified:
+            shards.verify_shards(directory)
         shards.read_shards(directory, draft)
         return draft
     state = load_file(str(directory / WEIGHTS_NAME))

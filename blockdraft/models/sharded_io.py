@@ -107,23 +107,27 @@ def check_shards_present(checkpoint: Path) -> None:
 def verify_shards(checkpoint: Path, share: Optional[tuple] = None) -> None:
     """The shards' sha256 against shard_checksums.json; `share` = (rank, world): this rank hashes every
     world-th file from its rank on, and every rank learns the first fault any rank found."""
-    checkpoint = Path(checkpoint)
-    check_shards_present(checkpoint)
-    listing = checkpoint / SHARD_CHECKSUMS
-    if not listing.is_file():
-        raise DataError(f"{listing} is missing; the checkpoint is incomplete: use another checkpoint.")
-    rank, world = share or (0, 1)
-    problem = ""
-    for name, expected in sorted(json.loads(listing.read_text()).items())[rank::world]:
-        if sha256_of(checkpoint / name) != expected:
-            problem = f"{checkpoint / name} is corrupt (its sha256 differs from {listing}); use another checkpoint."
-            break
-    if world > 1:
-        found = [None] * world
+    problem = shard_problem(checkpoint, share)
+    if share is not None and share[1] > 1:
+        found = [None] * share[1]
         dist.all_gather_object(found, problem)
         problem = next((p for p in found if p), "")
     if problem:
         raise DataError(problem)
+
+
+def shard_problem(checkpoint: Path, share: Optional[tuple] = None) -> str:
+    """This rank's share of verify_shards, without telling the others: the first fault found, or ''."""
+    checkpoint = Path(checkpoint)
+    check_shards_present(checkpoint)
+    listing = checkpoint / SHARD_CHECKSUMS
+    if not listing.is_file():
+        return f"{listing} is missing; the checkpoint is incomplete: use another checkpoint."
+    rank, world = share or (0, 1)
+    for name, expected in sorted(json.loads(listing.read_text()).items())[rank::world]:
+        if sha256_of(checkpoint / name) != expected:
+            return f"{checkpoint / name} is corrupt (its sha256 differs from {listing}); use another checkpoint."
+    return ""
 
 
 def gather_digests(mine: Dict[str, str]) -> Optional[Dict[str, str]]:

@@ -25,6 +25,7 @@ HELP = AppHelp(
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)
 def main(cfg) -> None:
     from blockdraft.train.loop import run_training
+    from blockdraft.train.rank_watch import PeerFailed
     from blockdraft.train.stops import NonFiniteSteps, Preempted
 
     from hydra.core.hydra_config import HydraConfig
@@ -34,6 +35,9 @@ def main(cfg) -> None:
     except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except PeerFailed as err:  # another rank's error: said by this rank too, so every rank's log holds it
+        print(f"error: stopping because {err}", file=sys.stderr)
+        sys.exit(1)
     except NonFiniteSteps as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

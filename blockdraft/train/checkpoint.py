@@ -25,7 +25,7 @@ import torch
 
 from blockdraft import faults
 from blockdraft.errors import ConfigError
-from blockdraft.integrity import verify_checksums, write_checksums
+from blockdraft.integrity import checksum_problem, write_checksums
 from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, LILICORR_KEYS
 from blockdraft.models.io import load_draft_config, save_draft, save_draft_config
 from blockdraft.models import sharded_io as shards
@@ -102,10 +102,23 @@ def save_sharded_checkpoint(run_dir, step: int, draft, optimizer, trainer_state:
 
 def verify_checkpoint(path: Path, share: Optional[tuple] = None) -> None:
     """Raise naming the first corrupt or missing file. `share` (rank, world): the ranks of a resume split the
-    hashing of a sharded checkpoint's shards between them."""
-    verify_checksums(path)
-    if shards.is_sharded(path):
-        shards.verify_shards(path, share)
+    hashing of the checkpoint's files between them, and every rank raises the first fault any rank found."""
+    problem = checkpoint_problem(path, share)
+    if share is not None and share[1] > 1:
+        from blockdraft.train.distributed import all_gather_object, patient_barrier
+
+        patient_barrier(f"every rank hashing its share of {path}")  # shares of one big file each: no timeout
+        problem = next((p for p in all_gather_object(problem) if p), "")
+    if problem:
+        raise DataError(problem)
+
+
+def checkpoint_problem(path: Path, share: Optional[tuple] = None) -> str:
+    """This rank's share of verify_checkpoint: the first fault it finds, or ''."""
+    problem = checksum_problem(path, share)
+    if not problem and shards.is_sharded(path):
+        problem = shards.shard_problem(path, share)
+    return problem
 
 
 def _fsync_dir(path: Path) -> None:
@@ -124,13 +137,21 @@ def _prune(run_dir, keep_last: int) -> None:
 
 
 def find_resume_checkpoint(run_dir, resume: str, share: Optional[tuple] = None) -> Optional[Path]:
-    """never -> None; auto -> latest or None; must -> latest or an error; else a path. `share`: verify_checkpoint's."""
+    """never -> None; auto -> latest or None; must -> latest or an error; else a path; verified.
+    `share`: verify_checkpoint's (a run of several ranks agrees on it first: resume_choice.py)."""
+    path = choose_resume_checkpoint(run_dir, resume)
+    if path is not None:
+        verify_checkpoint(path, share)  # a corrupt file is named now, before the target loads
+    return path
+
+
+def choose_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
+    """find_resume_checkpoint's choice, from this process's view of the file system, not verified."""
     if resume == "never":
         return None
     if resume in ("auto", "must"):
         found = complete_checkpoints(run_dir)
         if found:
-            verify_checkpoint(found[-1], share)  # a corrupt file is named now, before the target loads
             return found[-1]
         if resume == "must":
             raise ConfigError(
@@ -141,7 +162,6 @@ def find_resume_checkpoint(run_dir, resume: str, share: Optional[tuple] = None) 
     path = Path(resume)
     if not (path / TRAINER_STATE).exists():
         raise ConfigError(f"resume={resume!r} is not a checkpoint directory (no {TRAINER_STATE}); give a checkpoints/step_<N> path, auto, must or never.")
-    verify_checkpoint(path, share)
     return path
 
 

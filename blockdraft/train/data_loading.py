@@ -11,7 +11,7 @@ from blockdraft.data.builtin_prompts import builtin_prompt_set
 from blockdraft.data.dataset import collate, dataset_key, prepare_dataset
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.train.anchors import valid_anchor_mask
-from blockdraft.train.distributed import DistInfo, barrier, broadcast_object
+from blockdraft.train.distributed import DistInfo, broadcast_object, patient_barrier
 
 
 def ensure_builtin_data(cfg, target_model, tokenizer, dist: DistInfo) -> None:
@@ -28,7 +28,7 @@ def ensure_builtin_data(cfg, target_model, tokenizer, dist: DistInfo) -> None:
                 prompts = builtin_prompt_set(prep.regenerate_builtin, n, skip=skip)
                 regenerate_with_transformers(target_model, tokenizer, prompts, path, prep.max_new_tokens,
                                              chat_template_kwargs=dict(cfg.data.chat_template_kwargs), progress=cfg.train.progress)
-    barrier()
+    patient_barrier("rank 0 answering the recipe's built-in prompts")
 
 
 def refuse_builtin_data_by_shard(cfg) -> None:
@@ -68,14 +68,16 @@ def load_split(path, tokenizer, data_cfg, name: str, dist: DistInfo, block_size:
             dataset, _report = prepare_dataset(path, tokenizer, data_cfg, key=key)  # logs its reject report itself
         except (ConfigError, DataError) as err:
             failure = err
-    # Rank 0's key (the rows are hashed once) and its error, if any, which every rank then raises: no rank waits.
+    # Rank 0's key (the rows are hashed once) and its error, if any, which every rank then raises. However long
+    # rank 0 hashes and tokenises, the others wait for it without a timeout while it is alive (rank_watch.py).
+    patient_barrier(f"rank 0 hashing and tokenising {path}")
     key, failure = broadcast_object((key, failure))
     if failure is not None:
         raise failure
     for first_of_node in (True, False):
         if not dist.is_main and (dist.local_rank == 0) == first_of_node:
             dataset, _report = prepare_dataset(path, tokenizer, data_cfg, key=key)
-        barrier()
+        patient_barrier(f"each node's first rank mapping {path}" if first_of_node else f"every rank mapping {path}")
     _require_anchors(dataset, block_size, name, path)
     return dataset
 

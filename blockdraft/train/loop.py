@@ -26,9 +26,11 @@ from blockdraft.train.data_loading import (GlobalBatches, ensure_builtin_data, l
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
 from blockdraft.train.frozen import check_frozen, check_resume_frozen, freeze
-from blockdraft.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from blockdraft.train.distributed import (DistInfo, all_reduce_sum, all_reduce_sums, init_distributed, patient_barrier,
+                                          report_failure, set_step_timeout, shutdown)
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
+from blockdraft.train.resume_choice import agree_on_resume_checkpoint
 from blockdraft.train.run_lock import RunLock
 from blockdraft.train.optim import build_optimizer, build_scheduler, continue_schedule
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype, resolve_target_dtype
@@ -45,13 +47,25 @@ def run_training(cfg, overrides: Sequence[str] = ()) -> Path:
     line's words (a train.grad_accum given there is used as given on a resume, global_batch.py)."""
     schema: TrainAppConfig = OmegaConf.to_object(cfg)
     check_config(schema)
-    dist = init_distributed()
-    lock = RunLock(schema.run_dir).acquire() if dist.is_main else None
+    dist = init_distributed(schema.distributed.startup_timeout_s, schema.distributed.timeout_s)
+    lock = None
     try:
-        return Trainer(schema, config_yaml(cfg), dist, given_on_command_line(overrides)).fit()
+        lock = RunLock(schema.run_dir, schema.distributed.lease_s).acquire() if dist.is_main else None
+        trainer = Trainer(schema, config_yaml(cfg), dist, given_on_command_line(overrides))
+        trainer.run_lock = lock
+        run_dir = trainer.fit()
+    except (Preempted, NonFiniteSteps):
+        raise  # decided by every rank together: each leaves with it
+    except BaseException as err:
+        # Whatever one rank raises (a refusal of rank 0's alone, a bad row, an OOM) every rank learns within
+        # seconds, with the reason, instead of waiting in its next collective until the timeout.
+        report_failure(err, dist.rank)
+        raise
     finally:
         if lock is not None:
             lock.release()
+    shutdown()
+    return run_dir
 
 
 def merge_sums(window: dict, sums: dict) -> dict:
@@ -86,6 +100,8 @@ def _load_tokenizer(path: str):
 
 
 class Trainer:
+    run_lock = None  # rank 0's lease on run_dir (run_training sets it), checked before each save
+
     def __init__(self, cfg: TrainAppConfig, cfg_yaml: str, dist: DistInfo, grad_accum_given: bool = False):
         self.cfg, self.cfg_yaml, self.dist = cfg, cfg_yaml, dist
         self.run_dir = Path(cfg.run_dir)
@@ -93,8 +109,8 @@ class Trainer:
         self.backend = resolve_backend(cfg.train.attention_backend, self.device)
         self.dtype = resolve_dtype(cfg.train.dtype, self.device)
         self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
-        # Fails before any loading; the ranks split the hashing of a sharded checkpoint's shards.
-        self.resume_from = ckpt.find_resume_checkpoint(self.run_dir, cfg.resume, (dist.rank, dist.world_size))
+        # Fails before any loading: rank 0 chooses, every rank sees the same files, the ranks split the hashing.
+        self.resume_from = agree_on_resume_checkpoint(self.run_dir, cfg.resume, dist)
         ckpt.check_resume_sharding(self.resume_from, cfg.train.draft_sharding, dist.world_size)
         self.saved_state = ckpt.load_trainer_state(self.resume_from) if self.resume_from is not None else None
         if self.saved_state is not None:
@@ -102,6 +118,7 @@ class Trainer:
         if self.resume_from is None and dist.is_main:
             claim_run_dir(self.run_dir, cfg.overwrite, cfg.resume)
         self.stop_requested = False
+        self.started = False  # no optimizer step done yet in this process: the start-up timeout holds
         self.budget = TimeBudget(cfg.train.max_minutes)  # its time spent so far comes back with a resume
         self.nonfinite_run: list = []  # (step, what, rows) of the skipped steps since the last good one
         self._build()
@@ -113,7 +130,7 @@ class Trainer:
             from blockdraft.models.tiny_target import save_tiny_target
 
             save_tiny_target(cfg.target.path, cfg.target.tiny)
-        barrier()
+        patient_barrier("rank 0 writing the tiny target")
         self.tokenizer = _load_tokenizer(cfg.target.path)
         target_hf_cfg = load_text_config(cfg.target.path)
         # The draft is resolved (and every id checked) against the target's config before its weights load.
@@ -201,16 +218,19 @@ class Trainer:
         return self.cfg.train.draft_sharding == "fsdp"
 
     def _save(self, last: bool = False) -> None:
+        if self.run_lock is not None:  # a run taken over while it stalled must not overwrite the new holder's saves
+            self.run_lock.check_held()
         if self.sharded_checkpoints:
             release_gathered(self.model)  # the shards are what is saved, not a copy gathered by validation
             ckpt.save_sharded_checkpoint(self.run_dir, self.step, self.draft, self.optimizer, self._trainer_state(),
                                          self.cfg_yaml, self.cfg.train.keep_last, self.dist.is_main)
             if last:  # the other ranks train on while rank 0 finishes a save; the run ends once it has
-                barrier()
+                patient_barrier(f"rank 0 finishing checkpoint step_{self.step}")
             return
         if self.dist.is_main:
             ckpt.save_checkpoint(self.run_dir, self.step, self.draft, self._trainer_state(), self.cfg_yaml, self.cfg.train.keep_last)
-        barrier()
+        # However long the write and fsync take, no rank times out on it in its next step's collective.
+        patient_barrier(f"rank 0 writing checkpoint step_{self.step}")
 
     def _keep_global_batch(self, given: bool) -> None:
         """On another world size (or micro_batch_size) the run keeps its checkpoint's global batch, grad_accum
@@ -238,7 +258,7 @@ class Trainer:
         if sharded:  # resharded onto this run's ranks, the optimizer's state with it
             sharded_io.read_shards(path, self.draft, self.optimizer)
         else:
-            self.draft.load_state_dict(load_draft(path).state_dict())
+            self.draft.load_state_dict(load_draft(path, verified=True).state_dict())
         # Loaded onto the CPU (load_trainer_state): a checkpoint written on a GPU resumes on a CPU-only machine too
         # (the optimizer moves its state to the parameters' device; the RNG state must be a CPU tensor).
         state, self.saved_state = self.saved_state, None
@@ -308,6 +328,9 @@ class Trainer:
         while self.step < cfg.train.max_steps:
             sums = self._optimizer_step()
             self.step += 1
+            if not self.started:  # start-up is over: collectives now fail after distributed.timeout_s
+                set_step_timeout(cfg.distributed.timeout_s)
+                self.started = True
             if sums is None:
                 skipped_in_window += 1
                 self._note_nonfinite()
@@ -376,7 +399,7 @@ class Trainer:
             sums["time_draft_s"] = torch.tensor(time.perf_counter() - started) - sums["time_target_s"]
             sums["tokens"] = batch["attention_mask"].sum().float().cpu()
             totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-        totals = {k: all_reduce_sum(v.to(self.device)).cpu() for k, v in totals.items()}
+        totals = all_reduce_sums(totals, self.device)  # one collective for every metric
         faults.point("train.after_backward")  # gradients summed, weights not yet updated
         if totals["valid_anchors"] == 0:
             # No rank had a single valid anchor: skip the update on every rank together.

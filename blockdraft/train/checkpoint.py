@@ -24,7 +24,7 @@ from typing import List, Optional
 import torch
 
 from blockdraft import faults
-from blockdraft.errors import ConfigError
+from blockdraft.errors import ConfigError, DataError
 from blockdraft.integrity import checksum_problem, write_checksums
 from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, LILICORR_KEYS
 from blockdraft.models.io import load_draft_config, save_draft, save_draft_config

@@ -30,9 +30,12 @@ def agree_on_resume_checkpoint(run_dir, resume: str, dist: DistInfo) -> Optional
             choice = ckpt.choose_resume_checkpoint(run_dir, resume)
         except ConfigError as err:
             refusal = str(err)
-    choice, refusal = broadcast_object((choice, refusal))
+    # Named within the run's checkpoints/ when it is one of them: each rank finds it in its own mount of run_dir.
+    inside = choice is not None and choice.parent == ckpt.checkpoints_dir(run_dir)
+    said, refusal = broadcast_object(((choice.name if inside else choice), refusal))
     if refusal is not None:
         raise ConfigError(refusal)
+    choice = ckpt.checkpoints_dir(run_dir) / said if isinstance(said, str) else said
     views = all_gather_object(file_view(run_dir, choice))
     differing = [rank for rank, view in enumerate(views) if view != views[0]]
     if differing:

@@ -116,3 +116,18 @@ def test_an_error_on_rank_0_alone_ends_every_rank_with_its_message(tmp_path):
     # Every rank says the reason: rank 0 its own, the others rank 0's.
     assert out.count("rank 0 failed: ConfigError: run_dir") >= 2, out[-3000:]
     assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n'  # nothing of the other run touched
+
+
+def test_an_error_on_one_rank_inside_the_loop_ends_the_ranks_blocked_in_a_collective(tmp_path):
+    """Rank 1 raises after its second backward; ranks 0 and 2 are already in the step's next all-reduce, where
+    no exception can reach them. With the collective timeout at 10 minutes they end within seconds, saying why."""
+    started = time.monotonic()
+    proc = _launch([*SHORT, "train.max_steps=4", "distributed.timeout_s=600", "distributed.startup_timeout_s=600"],
+                   tmp_path / "run", nproc=3,
+                   extra_env={**QUIET, "BLOCKDRAFT_FAULT": "train.after_backward@2~rank=1:raise"})
+    out, _ = proc.communicate(timeout=180)
+    out = out.decode()
+    assert proc.returncode != 0, out[-3000:]
+    assert time.monotonic() - started < 90, out[-3000:]  # start-up included; a timeout would take 600 s
+    for rank in (0, 2):
+        assert f"[rank {rank}] stopping: rank 1 failed: FaultInjected" in out, out[-3000:]

@@ -134,7 +134,11 @@ def write_shard(root: Path, name: str, number: int, rows: List[dict], storage_dt
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, path)
-    shard = {"file": rel, "rows": len(rows), "tokens": int(tensors["input_ids"].numel()), "sha256": sha256_of(path)}
+    stat = path.stat()
+    # Its writer hashes it, and records the size and time it hashed: sealing the split trusts those (no rank
+    # re-reads a terabyte store behind a barrier) unless the file changed since.
+    shard = {"file": rel, "rows": len(rows), "tokens": int(tensors["input_ids"].numel()), "sha256": sha256_of(path),
+             "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     receipt = receipt_path(root, name, number)
     tmp = receipt.with_name(receipt.name + ".tmp")
     tmp.write_text(json.dumps(shard) + "\n")

@@ -1,8 +1,9 @@
 """A feature store's shards hashed once, when the capture ends, and checked cheaply by every reader after.
 
-Sealing a split (the capture's last step) reads every shard once, checks it against the sha256 its
-writer recorded, and records in the index each shard's size and modification time and the split's
-digest (the sha256 of its shard list). Opening the split then costs a stat per shard, not a read of
+Each shard's writer hashes it as it writes it and records its size and modification time beside the
+sha256; sealing a split (the capture's last step) re-reads only a shard whose size or time changed since
+(or one written before writers recorded them), and records in the index the split's digest (the sha256
+of its shard list). Opening the split then costs a stat per shard, not a read of
 the whole store on every rank of every run:
   - a shard missing, or of another size than recorded (torn, truncated, rewritten), is refused;
   - a shard of the recorded size whose modification time changed is hashed, and refused if it differs
@@ -29,11 +30,15 @@ def split_digest(shards: list) -> str:
 
 
 def seal_split(root: Path, entry: dict) -> None:
-    """Hash every shard of a finished split once, then record sizes, times and the digest in `entry`."""
+    """Record sizes, times and the digest of a finished split in `entry`. A shard whose writer recorded the size
+    and time at which it hashed it, and still has them, is not read again; any other is hashed once here."""
     for shard in entry["shards"]:
         path = Path(root) / shard["file"]
         if not path.is_file():
             raise DataError(f"{path} is missing from the feature store {root}; {RECAPTURE}.")
+        stat = path.stat()
+        if (stat.st_size, stat.st_mtime_ns) == (shard.get("bytes"), shard.get("mtime_ns")):
+            continue
         if sha256_of(path) != shard["sha256"]:
             raise DataError(f"{path} changed after it was written (its sha256 differs from the capture's); "
                             f"delete it and {RECAPTURE}.")

@@ -101,3 +101,28 @@ def test_the_capture_refuses_to_seal_a_shard_damaged_before_the_end(tmp_path):
     with pytest.raises(DataError, match="changed after it was written"):
         store_writer.list_shards(store, "train")
     assert not FeatureStore.open(root).has_split("train")  # not listed as complete: the capture resumes
+
+
+def test_sealing_trusts_the_writers_hash_and_rehashes_only_a_shard_changed_since(tmp_path, hashes):
+    """The writers hashed their shards (in parallel, one rank each); sealing the split re-reads none of them,
+    unless a shard's size or time moved since its writer recorded them: that one is read and refused."""
+    root = tmp_path / "store"
+    store = store_writer.create_or_resume(root, {"target": {"path": "t"}}, overwrite=False)
+    store_writer.begin_split(store, "train", {"path": "rows", "sha256": "x"}, num_rows=4, rows_per_shard=2, report={})
+    for number in range(2):
+        store_writer.write_shard(root, "train", number, [row(4, number), row(3, number + 5)], torch.float16)
+    store_writer.list_shards(store, "train")
+    assert hashes == []  # sealing read no shard again
+
+    store = store_writer.create_or_resume(tmp_path / "second", {"target": {"path": "t"}}, overwrite=False)
+    store_writer.begin_split(store, "train", {"path": "rows", "sha256": "x"}, num_rows=2, rows_per_shard=2, report={})
+    store_writer.write_shard(store.root, "train", 0, [row(4, 0), row(3, 5)], torch.float16)
+    path = shard(store.root)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # rewritten after its writer hashed it: same size, a new time
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    del hashes[:]
+    with pytest.raises(DataError, match="changed after it was written"):
+        store_writer.list_shards(store, "train")
+    assert hashes == [path.name]

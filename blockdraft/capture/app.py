@@ -57,14 +57,24 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="capture", version_base=None)
     def app(cfg) -> None:
-        from blockdraft.train.distributed import init_distributed, shutdown
+        from blockdraft.train.distributed import init_distributed, report_failure, shutdown
+        from blockdraft.train.rank_watch import PeerFailed
 
+        rank = int(os.environ.get("RANK", "0"))
         try:
             out = run_capture(cfg)
-        except (ConfigError, DataError) as err:
+        except PeerFailed as err:  # another rank's failure: every rank's log says it
+            report_failure(err, rank)
+            print(f"error: stopping because {err}", file=sys.stderr)
+            sys.exit(1)
+        except BaseException as err:
+            # Every other rank learns of it within seconds, instead of waiting in a collective for the timeout.
+            report_failure(err, rank)
+            if not isinstance(err, (ConfigError, DataError)):
+                raise
             # Every rank refuses the same config (rank 0's store refusal is broadcast), so that is said once;
             # a row's DataError is the rank's own that met it.
-            if isinstance(err, DataError) or int(os.environ.get("RANK", "0")) == 0:
+            if isinstance(err, DataError) or rank == 0:
                 print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         if init_distributed().is_main:

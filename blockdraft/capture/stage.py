@@ -26,7 +26,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.draft_config import check_layer_ids
 from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.models.target_checks import resolve_target_dtype
-from blockdraft.train.distributed import barrier, broadcast_object, init_distributed
+from blockdraft.train.distributed import broadcast_object, init_distributed, patient_barrier
 from blockdraft.train.parallelize import rank_shards
 
 
@@ -51,7 +51,7 @@ class CaptureStage:
             from blockdraft.models.tiny_target import save_tiny_target
 
             save_tiny_target(cfg.target.path, cfg.target.tiny)
-        barrier()
+        patient_barrier("rank 0 writing the tiny target")
         # Both dtypes are settled (and a bf16 target under an fp32 step refused) before anything loads.
         self.dtype = capture_compute_dtype(cfg, self.dist.device)
         self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
@@ -114,10 +114,10 @@ class CaptureStage:
     def _tokenised(self, name: str, path: str):
         """Rank 0 tokenises (and fills the cache) first; the other ranks then read the cache."""
         if not self.dist.is_main:
-            barrier()
+            patient_barrier(f"rank 0 tokenising {path}")
         dataset, report = prepare_dataset(path, self.tokenizer, self.cfg.data)  # tokenised exactly as training does
         if self.dist.is_main:
-            barrier()
+            patient_barrier(f"rank 0 tokenising {path}")
         if report.total_rejected:
             self.say(f"data.{name}: {report.summary()}")
         return dataset, report
@@ -128,7 +128,7 @@ class CaptureStage:
         dataset, report = self._tokenised(name, path)
         if self.dist.is_main:
             store_writer.begin_split(store, name, split_source(path), len(dataset), cfg.rows_per_shard, report.to_dict())
-        barrier()
+        patient_barrier(f"rank 0 opening split {name}")
         if not self.dist.is_main:  # the index as rank 0 left it
             store = FeatureStore.open(cfg.out, key="out")
         num_shards = store.splits[name]["num_shards"]
@@ -144,7 +144,8 @@ class CaptureStage:
             tokens = {n: sum(len(dataset[i]["input_ids"]) for i in shard_rows(n, cfg.rows_per_shard, len(dataset)))
                       for n in todo}
             self._capture_shards(store.root, dataset, name, rank_shards(tokens, self.dist.rank, world))
-        barrier()
+        # A rank whose shards took longer is waited for as long as it is alive, not the process group's timeout.
+        patient_barrier(f"every rank capturing its shards of {name}")
         if self.dist.is_main:
             store_writer.list_shards(store, name)
         return store

@@ -127,6 +127,8 @@ class RankWatch:
         try:
             if self.store.add(self._key("failures"), 1) == 1:
                 self.store.set(self._key(FAILURE), text)
+            else:  # a failure is posted already: this rank knows the run stops (a refusal every rank makes alike)
+                self.store.add(self._key("failure_seen"), 1)
             if own:
                 self._await_others_seeing_it()
         except Exception:  # without a store no rank can be told; the process group's timeout remains

@@ -17,7 +17,7 @@ from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.confidence import CONFIDENCE_TARGETS
 from blockdraft.train.optim import check_optim_config
 from blockdraft.train.parallelize import check_draft_sharding
-from blockdraft.train.target_sharding import check_strategy
+from blockdraft.train.target_sharding import check_strategy, check_target_mesh
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
 
@@ -51,6 +51,7 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
         raise ConfigError(missing_mask_message(cfg.target.path))
     check_target_path(cfg.target)
     check_strategy(cfg.distributed.target_sharding)
+    check_target_mesh(cfg.distributed.target_mesh, cfg.distributed.target_sharding)
     check_draft_sharding(cfg.train.draft_sharding, cfg.optim.name)
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")

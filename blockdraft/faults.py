@@ -3,9 +3,14 @@
 Code marks a moment with `faults.point("checkpoint.after_weights")`. Nothing happens
 unless the environment variable BLOCKDRAFT_FAULT names that point:
 
-    BLOCKDRAFT_FAULT=<point>[@<hit>]:<action>[,<point>[@<hit>]:<action> ...]
+    BLOCKDRAFT_FAULT=<point>[@<hit>][~<filter> ...]:<action>[,<point>[@<hit>][~<filter> ...]:<action> ...]
 
     <hit>     which pass through the point fires (1 = the first, the default); N+ = every pass from the Nth
+    <filter>  which processes it fires in (every one, the default):
+              rank=R     only in the process of global rank R (the RANK torchrun sets; 0 without torchrun)
+              attempt=A  only in torchrun's restart attempt A (TORCHELASTIC_RESTART_COUNT; 0 = the first), so a
+                         fault that kills a worker does not kill it again in the group torchrun restarts
+              e.g. train.after_backward@3~rank=1~attempt=0:kill kills rank 1 in its third step, first attempt only
     <action>  kill      SIGKILL this process (no handler, no cleanup: as the OOM killer does)
               term      SIGTERM this process (what a scheduler sends before preempting)
               sleep=S   pause S seconds, so a test can kill the process at exactly this moment; a signal
@@ -32,9 +37,11 @@ MARK_ENV = "BLOCKDRAFT_FAULT_MARK"
 ACTIONS = ("kill", "term", "sleep", "raise", "nan")
 
 _hits: Dict[str, int] = {}
-# {point: (first hit, every later hit too, action, argument)}
+FILTERS = ("rank", "attempt")
+
+# {point: (first hit, every later hit too, action, argument)}: this process's faults
 Plan = Dict[str, Tuple[int, bool, str, float]]
-_parsed: Tuple[str, Plan] = ("", {})
+_parsed: Tuple[tuple, Plan] = ((), {})
 
 
 class FaultInjected(RuntimeError):
@@ -77,29 +84,45 @@ def _fires(name: str) -> Optional[Tuple[str, float]]:
     return None
 
 
+def this_process() -> Dict[str, int]:
+    """The values the filters compare with: this process's global rank and torchrun restart attempt."""
+    return {"rank": int(os.environ.get("RANK") or 0), "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)}
+
+
 def _plan(spec: str) -> Plan:
-    """Parsed once per distinct value of the variable."""
+    """Parsed once per distinct value of the variable (and of the rank and attempt it may be filtered by)."""
     global _parsed
-    if _parsed[0] != spec:
-        _parsed = (spec, parse(spec))
+    process = this_process()
+    key = (spec, tuple(sorted(process.items())))
+    if _parsed[0] != key:
+        _parsed = (key, parse(spec, process))
     return _parsed[1]
 
 
-def parse(spec: str) -> Plan:
+def parse(spec: str, process: Optional[Dict[str, int]] = None) -> Plan:
+    """The faults `spec` asks of `process` (this one by default): an item filtered to another rank or restart
+    attempt is not among them."""
+    process = this_process() if process is None else process
     plan = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         where, _, action = item.partition(":")
+        where, *filters = where.split("~")
+        wanted = dict(f.partition("=")[::2] for f in filters)
+        bad_filter = len(wanted) != len(filters) or any(k not in FILTERS or not v.isdigit() for k, v in wanted.items())
         name, _, hit = where.partition("@")
         action, _, arg = action.partition("=")
         onwards = hit.endswith("+")
         hit = hit[:-1] if onwards else hit
         bad_arg = (action == "sleep" and not _is_number(arg)) or (action == "nan" and arg and not arg.isdigit())
-        if not name or action not in ACTIONS or (hit and not hit.isdigit()) or (onwards and not hit) or bad_arg:
+        if not name or action not in ACTIONS or (hit and not hit.isdigit()) or (onwards and not hit) or bad_arg or bad_filter:
             # A typo here would silently inject nothing and let a fault test pass for the wrong reason.
             raise ValueError(
-                f"{ENV}={spec!r}: cannot read {item!r}; write <point>[@<hit>[+]]:<action> with action one of "
-                "kill, term, raise, sleep=<seconds> or nan[=<rank>], e.g. checkpoint.after_weights@2:sleep=30."
+                f"{ENV}={spec!r}: cannot read {item!r}; write <point>[@<hit>[+]][~rank=<R>][~attempt=<A>]:<action> "
+                "with action one of kill, term, raise, sleep=<seconds> or nan[=<rank>], e.g. "
+                "checkpoint.after_weights@2:sleep=30 or train.after_backward@3~rank=1~attempt=0:kill."
             )
+        if any(int(v) != process[k] for k, v in wanted.items()):
+            continue  # another process's fault
         default = -1.0 if action == "nan" else 0.0  # nan with no rank: every rank
         plan[name] = (int(hit or 1), onwards, action, float(arg) if arg else default)
     return plan

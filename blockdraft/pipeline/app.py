@@ -16,9 +16,11 @@ export   the last checkpoint as a vLLM draft directory (float32 on a CPU, where 
 serve    the smoke-serve check on the held-out prompts: lossless, draft active, acceptance, speedup
 
 Overrides: regen.*, capture.*, export.*, gate.*, serve.* are those apps' own keys (see their
---help); train.nproc, train.nnodes, train.node_rank, train.rdzv_endpoint go to torchrun; every
-other key (train.*, draft.*, optim.*, data.*, draft=<kind>, optim=muon, ...) is a training
-override given unchanged to the capture and to training. A key no stage knows is refused before
+--help); train.nproc, train.nnodes, train.node_rank, train.rdzv_endpoint, train.max_restarts go to
+torchrun (several processes train elastically: a rank that dies restarts the group, which resumes
+from the last checkpoint, up to train.max_restarts times, 3 by default); every other key (train.*,
+draft.*, optim.*, data.*, draft=<kind>, optim=muon, ...) is a training override given unchanged to
+the capture and to training. A key no stage knows is refused before
 any work. Each stage's record is in <out>/stages.json: a rerun prints `cached` for a stage whose
 output-changing inputs did not change (speed, logging and progress keys are in no key) and reruns
 only what a changed setting affects; an interrupted stage resumes; a larger train.max_steps or

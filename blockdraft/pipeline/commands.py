@@ -3,7 +3,9 @@ composes every app with its overrides before the first stage starts."""
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from pathlib import Path
 from typing import List, Sequence
 
 from blockdraft.errors import ConfigError
@@ -80,6 +82,9 @@ def serve_overrides(s: PipelineSettings) -> List[str]:
 
 
 def train_argv(s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) -> List[str]:
+    """Several processes train under torchrun, elastically: a rank that dies (or its node) makes torchrun stop the
+    group and start it again, up to train.max_restarts times, and each new attempt resumes from the last checkpoint
+    (train_overrides' resume=auto; the run's lock, held by the failed attempt, is taken over: train/run_lock.py)."""
     if s.nproc == 1 and int(s.torchrun.get("nnodes", 1)) == 1:
         return [python(), "-m", "blockdraft.train", *train_overrides(s, use_store, batch)]
     nnodes = int(s.torchrun.get("nnodes", 1))
@@ -88,8 +93,15 @@ def train_argv(s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) 
         launch.append("--standalone")
     else:
         launch += [f"--nnodes={nnodes}", f"--node_rank={s.node_rank}", "--rdzv_backend=c10d",
-                   f"--rdzv_endpoint={s.torchrun['rdzv_endpoint']}"]
+                   f"--rdzv_endpoint={s.torchrun['rdzv_endpoint']}", f"--rdzv_id={rendezvous_id(s)}"]
+    launch.append(f"--max-restarts={s.max_restarts}")
     return [python(), "-m", "torch.distributed.run", *launch, "-m", "blockdraft.train", *train_overrides(s, use_store, batch)]
+
+
+def rendezvous_id(s: PipelineSettings) -> str:
+    """The job's id on several nodes, from the run's out dir: every node's torchrun is given the same out= and so
+    agrees on it, and it stays the same across restarts, so the run's lock knows a restarted attempt of its job."""
+    return "blockdraft-" + hashlib.sha256(str(Path(s.out).absolute()).encode()).hexdigest()[:16]
 
 
 def capture_argv(s: PipelineSettings) -> List[str]:
@@ -166,7 +178,7 @@ def check_server_method(serve) -> None:
 
 
 ROUTING = ("The pipeline's own keys are target, out, prompts, rows, heldout_rows, experiment, gate, round_cost, store, force, node_wait_minutes; regen.*, capture.*, "
-           "export.*, gate.* and serve.* go to those stages' apps; train.nproc/nnodes/node_rank/rdzv_endpoint to "
+           "export.*, gate.* and serve.* go to those stages' apps; train.nproc/nnodes/node_rank/rdzv_endpoint/max_restarts to "
            "torchrun; everything else (train.*, draft.*, optim.*, data.*, ...) to the training recipe")
 
 

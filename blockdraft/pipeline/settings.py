@@ -17,7 +17,9 @@ STORE_CHOICES = ("auto", "true", "false")
 # Stage apps with their own keys (`regen.workers=8` is the regen app's `workers=8`).
 APP_PREFIXES = ("regen", "capture", "export", "gate", "serve")
 # torchrun's options, asked for as train.<key>: not keys of the training app.
-TORCHRUN_KEYS = ("nproc", "nnodes", "node_rank", "rdzv_endpoint")
+TORCHRUN_KEYS = ("nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts")
+# How often torchrun restarts the training group after a rank dies; each restart resumes from the last checkpoint.
+MAX_RESTARTS = 3
 # What the pipeline sets itself: the paths that join one stage's output to the next stage's input.
 OWNED = {
     "regen": ("target", "target_dir", "out", "prompts"),
@@ -90,6 +92,10 @@ class PipelineSettings:
     @property
     def node_rank(self) -> int:
         return int(self.torchrun.get("node_rank", 0))
+
+    @property
+    def max_restarts(self) -> int:
+        return int(self.torchrun.get("max_restarts", MAX_RESTARTS))
 
 
 OWN_KEYS = ("target", "out", "prompts", "rows", "heldout_rows", "experiment", "gate", "round_cost", "store", "force",
@@ -173,8 +179,8 @@ def _set_torchrun(s: PipelineSettings, key: str, value: str) -> None:
             number = int(value)
         except ValueError:
             raise ConfigError(f"train.{key}={value!r} is not a whole number.") from None
-        if number < (0 if key == "node_rank" else 1):
-            raise ConfigError(f"train.{key}={value}: use {'0 or more' if key == 'node_rank' else '1 or more'}.")
+        if number < (0 if key in ("node_rank", "max_restarts") else 1):
+            raise ConfigError(f"train.{key}={value}: use {'0 or more' if key in ('node_rank', 'max_restarts') else '1 or more'}.")
     s.torchrun[key] = value
 
 

@@ -53,6 +53,7 @@ def init_distributed(startup_timeout_s: float = DEFAULT_TIMEOUT_S, timeout_s: Op
     if world > 1 and not dist.is_initialized():
         # device_id binds the group to this rank's GPU at once (nccl connects eagerly, no guessing of the device).
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=startup_timeout_s),
+                                **_attempt_store(rank, world, startup_timeout_s),
                                 **({"device_id": device} if device.type == "cuda" else {}))
     if world > 1 and _watch is None:
         from blockdraft.train.rank_watch import RankWatch
@@ -60,6 +61,21 @@ def init_distributed(startup_timeout_s: float = DEFAULT_TIMEOUT_S, timeout_s: Op
         _watch = RankWatch(dist.distributed_c10d._get_default_store(), rank, world,
                            timeout_s if timeout_s is not None else startup_timeout_s).start()
     return DistInfo(rank, world, local, device)
+
+
+def _attempt_store(rank: int, world: int, timeout_s: float) -> dict:
+    """Under torchrun's agent store, a store of this restart attempt's own for the process group.
+
+    torchrun's c10d rendezvous shares one store across the restarts of a job, and torch's env:// handler adds
+    no prefix per attempt there, so the group a restart forms can read the addresses the dead attempt's ranks
+    published and fail to connect ("Gloo connectFullMesh failed ... Connection refused"). Keys under the
+    attempt's own prefix start empty. Elsewhere (one process, a launch of our own) env:// as torch does it."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world, is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"blockdraft/attempt_{attempt}/", store), "rank": rank, "world_size": world}
 
 
 def set_step_timeout(timeout_s: float) -> None:

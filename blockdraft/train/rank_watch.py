@@ -136,7 +136,9 @@ class RankWatch:
 
     def _await_others_seeing_it(self) -> None:
         """The store may live in this process (a launch without torchrun's agent, rank 0): it stays up until
-        every other rank has read the failure, or a few seconds."""
+        every other rank has read the failure, or a few seconds. Under torchrun the agent holds the store."""
+        if self.rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            return
         deadline = time.monotonic() + min(2 * GRACE_S, self.timeout_s)
         while time.monotonic() < deadline and self.store.add(self._key("failure_seen"), 0) < self.world - 1:
             time.sleep(0.05)

@@ -8,6 +8,7 @@ long chore are not collectives (rank_watch.py `patient_barrier`): they last as l
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Dict, Optional
@@ -110,6 +111,14 @@ def report_failure(err: BaseException, rank: int) -> None:
         _watch.exiting = True
         return
     _watch.post_failure(f"rank {rank} failed: {type(err).__name__}: {err}")
+    # This rank's error may be an echo of another's (a collective ended by a peer that left): the first failure
+    # posted is the cause, and every rank's log says it.
+    try:
+        first = _watch.posted_failure()
+    except Exception:  # the store's host is gone: this rank's own error is all there is to say
+        first = None
+    if first is not None and not first.startswith(f"rank {rank} "):
+        print(f"[rank {rank}] stopping: {first}", file=sys.stderr, flush=True)
 
 
 def all_reduce_sums(sums: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:

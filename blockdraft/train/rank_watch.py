@@ -78,7 +78,7 @@ class RankWatch:
             now = time.monotonic()
             try:
                 self.store.add(self._key(f"beat/{self.rank}"), 1)
-                failure = self._posted_failure()
+                failure = self.posted_failure()
                 if failure is None and neighbour != self.rank:
                     count = self.store.add(self._key(f"beat/{neighbour}"), 0)
                     if count != seen:
@@ -143,13 +143,14 @@ class RankWatch:
         while time.monotonic() < deadline and self.store.add(self._key("failure_seen"), 0) < self.world - 1:
             time.sleep(0.05)
 
-    def _posted_failure(self) -> Optional[str]:
+    def posted_failure(self) -> Optional[str]:
+        """The first failure any rank posted, or None."""
         if not self.store.check([self._key(FAILURE)]):
             return None
         return self.store.get(self._key(FAILURE)).decode(errors="replace")
 
     def raise_if_failed(self) -> None:
-        failure = self._posted_failure()
+        failure = self.posted_failure()
         if failure is not None:
             self.exiting = True  # this rank leaves through its own exception: the watcher lets it
             self.store.add(self._key("failure_seen"), 1)

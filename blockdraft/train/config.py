@@ -94,6 +94,9 @@ class LoopConfig:
     """Progress bar on rank 0."""
     max_nonfinite_steps: int = 3
     """A step whose loss or gradient norm is not finite is skipped (nothing changes); this many in a row stop the run."""
+    loader_workers: int = 2
+    """Processes per rank that read and collate the next micro-batches while the step computes (pinned for the copy
+    to a GPU); 0 = read them in the training thread. The batches, their order and the saved position are the same."""
 
 
 @dataclass
@@ -172,7 +175,7 @@ class TrainAppConfig:
     # reproduces an uninterrupted one (tests/faults), which is why save_every and keep_last are here.
     OUTPUT_NEUTRAL = ("train.log_every", "train.save_every", "train.keep_last", "train.progress",
                       "train.max_nonfinite_steps", "train.attention_backend", "train.activation_checkpointing",
-                      "train.loss_chunk_size", "distributed.target_sharding", "distributed.target_mesh",
+                      "train.loss_chunk_size", "train.loader_workers", "distributed.target_sharding", "distributed.target_mesh",
                       "distributed.timeout_s", "distributed.startup_timeout_s", "distributed.lease_s", "wandb", "data.cache_dir",
                       "data.tokenize_workers", "resume", "overwrite", "name")
     # How far the run goes: a larger value continues the run from its last checkpoint instead of starting anew.

@@ -1,16 +1,15 @@
-"""Datasets, data a recipe makes for itself, and a resumable, rank-sharded order of micro-batches."""
+"""Datasets and data a recipe makes for itself (the order of micro-batches: batch_order.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import torch
-
 from blockdraft.data.builtin_prompts import builtin_prompt_set
 from blockdraft.data.dataset import collate, dataset_key, prepare_dataset
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.train.anchors import valid_anchor_mask
+from blockdraft.train.batch_order import GlobalBatches  # noqa: F401  (imported from here before batch_order.py)
 from blockdraft.train.distributed import DistInfo, broadcast_object, patient_barrier
 
 
@@ -122,54 +121,3 @@ def _require_anchors(dataset, block_size: int, name: str, path, sample: int = 20
         "(a block starts on a reply token and predicts the next one). Use rows with longer replies, "
         "or a larger data.seq_length if replies are cut away."
     )
-
-
-class GlobalBatches:
-    """World-size-independent data order: step k of epoch e takes rows
-    perm_e[k*G : (k+1)*G] (G = micro_batch_size * grad_accum * world_size), and rank r's
-    micro-batch i is the slice (r*grad_accum + i). One process with grad_accum = W*A sees
-    exactly the rows W ranks with grad_accum = A see, in the same micro-batch order; each
-    micro-batch also gets its own anchor generator, seeded by its global index, so the
-    blocks drawn do not depend on how the work is split either. The saved position is a
-    sample count, so a run resumes on another world size."""
-
-    def __init__(self, dataset, micro_batch_size: int, grad_accum: int, pad_id: int, dist: DistInfo, seed: int):
-        self.global_micro = micro_batch_size * grad_accum * dist.world_size
-        if len(dataset) < self.global_micro:
-            raise DataError(
-                f"{len(dataset)} usable rows cannot fill one global batch of {self.global_micro} "
-                f"(micro_batch_size {micro_batch_size} x grad_accum {grad_accum} x {dist.world_size} ranks); "
-                "lower train.micro_batch_size or train.grad_accum, or add rows."
-            )
-        self.dataset, self.mbs, self.accum, self.dist, self.seed = dataset, micro_batch_size, grad_accum, dist, seed
-        self.pad_id = pad_id
-        self.epoch, self.samples = 0, 0  # samples consumed in this epoch, all ranks together
-        self.last_step_rows: list = []
-
-    def _permutation(self) -> list:
-        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-        return torch.randperm(len(self.dataset), generator=g).tolist()
-
-    def next_step(self) -> list:
-        """This rank's micro-batches of the next optimizer step: [(batch, anchor generator), ...]."""
-        if self.samples + self.global_micro > len(self.dataset):
-            self.epoch, self.samples = self.epoch + 1, 0
-        perm = self._permutation()
-        # Every rank knows the whole step's rows (the order is the same everywhere): a skipped step names them.
-        self.last_step_rows = perm[self.samples:self.samples + self.global_micro]
-        out = []
-        for i in range(self.accum):
-            slot = self.dist.rank * self.accum + i
-            start = self.samples + slot * self.mbs
-            rows = [self.dataset[j] for j in perm[start:start + self.mbs]]
-            index = (self.epoch * len(self.dataset) + start) // self.mbs  # global micro-batch index
-            out.append((collate(rows, pad_id=self.pad_id), torch.Generator().manual_seed(self.seed * 1_000_003 + index)))
-        self.samples += self.global_micro
-        return out
-
-    @property
-    def position(self) -> dict:
-        return {"epoch": self.epoch, "samples": self.samples}
-
-    def restore(self, position: dict) -> None:
-        self.epoch, self.samples = position["epoch"], position["samples"]

@@ -15,14 +15,17 @@ from omegaconf import OmegaConf
 from blockdraft import faults
 from blockdraft.models import build_draft
 from blockdraft.models.init_from_target import init_draft_from_safetensors, init_draft_from_target
+from blockdraft.models.meta_build import build_draft_on
 from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
 from blockdraft.models.target_families import load_text_config
 from blockdraft.models.target_heads import TargetHeads
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.config import TrainAppConfig
-from blockdraft.train.data_loading import (GlobalBatches, ensure_builtin_data, load_split, load_store_split,
-                                           open_training_store, refuse_builtin_data_by_shard)
+from blockdraft.train.batch_loader import BatchLoader
+from blockdraft.train.batch_order import GlobalBatches
+from blockdraft.train.data_loading import (ensure_builtin_data, load_split, load_store_split, open_training_store,
+                                           refuse_builtin_data_by_shard)
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
 from blockdraft.train.frozen import check_frozen, check_resume_frozen, freeze
@@ -35,6 +38,7 @@ from blockdraft.train.run_lock import RunLock
 from blockdraft.train.optim import build_optimizer, build_scheduler, continue_schedule
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype, resolve_target_dtype
 from blockdraft.train.step import train_step
+from blockdraft.train.step_timer import Span, step_times
 from blockdraft.train.stops import NonFiniteSteps, Preempted
 from blockdraft.train.time_budget import TimeBudget
 from blockdraft.train.training_prompts import run_record, write_run_record
@@ -171,7 +175,9 @@ class Trainer:
         self.optimizer = build_optimizer([p for p in self.draft.parameters() if p.requires_grad], cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.batches = GlobalBatches(self.train_data, cfg.train.micro_batch_size, cfg.train.grad_accum, pad, self.dist, cfg.seed)
+        order = GlobalBatches(self.train_data, cfg.train.micro_batch_size, cfg.train.grad_accum, pad, self.dist, cfg.seed)
+        # Read ahead by train.loader_workers processes while the steps compute, pinned for the copy to a GPU.
+        self.batches = BatchLoader(order, cfg.train.loader_workers, pin_memory=self.device.type == "cuda")
         self.step = 0
         if self.resume_from is not None:
             self._restore(self.resume_from)
@@ -191,7 +197,8 @@ class Trainer:
             draft, imported_cfg = import_draft(self.cfg.init_from)
             ckpt.check_same_identity(imported_cfg, self.draft_cfg, f"init_from={self.cfg.init_from}")
             return draft
-        draft = build_draft(self.draft_cfg)
+        # Built on the meta device and initialised on this one, as a host build would be: no host copy of it.
+        draft = build_draft_on(self.draft_cfg, self.device)
         if self.cfg.init_from_target:
             # From a feature store the target's layers were never built: read the copied ones from its files.
             copied = (init_draft_from_target(draft, hf_model) if hf_model is not None
@@ -311,6 +318,7 @@ class Trainer:
         finally:
             signal.signal(signal.SIGTERM, previous_handler)
             self.logger.close()
+            self.batches.close()  # its workers and the batches they read ahead
 
     def _request_stop(self, *_):
         # Schedulers send SIGTERM before preempting: finish the step, save, then leave.
@@ -384,21 +392,23 @@ class Trainer:
         cfg = self.cfg
         self.model.train()
         totals = None
+        spans = []  # each micro-step's and its target's: read at the step's end, when its results are waited for
         for micro, (batch, generator) in enumerate(self.batches.next_step()):
-            batch = {k: v.to(self.device) for k, v in batch.items()}
+            # From pinned memory the copy runs while the host goes on (a CPU's tensors are already there).
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             last = micro == cfg.train.grad_accum - 1
             sync = gradient_sync(self.model, last or not self.dist.enabled)
-            started = time.perf_counter()
+            span = Span(self.device)
             with sync, self._autocast():
                 result = run_step(self.model, train_step, self.target, batch, cfg.train, generator, self.backend)
                 (result.loss / cfg.train.grad_accum).backward()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            sums = {k: v.detach().float().cpu() for k, v in result.sums.items()}
-            # The draft's share: its forward and backward, i.e. the micro-step less the target's capture.
-            sums["time_draft_s"] = torch.tensor(time.perf_counter() - started) - sums["time_target_s"]
-            sums["tokens"] = batch["attention_mask"].sum().float().cpu()
+            spans.append((span.stop(), result.target_time))
+            # Summed where they are (on a GPU: no wait for the micro-step's end here).
+            sums = {k: v.detach().float() for k, v in result.sums.items()}
+            sums["tokens"] = batch["attention_mask"].sum().float()
             totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+        # The draft's share: its forward and backward, i.e. the micro-steps less the target's capture.
+        totals.update(step_times(spans))
         totals = all_reduce_sums(totals, self.device)  # one collective for every metric
         faults.point("train.after_backward")  # gradients summed, weights not yet updated
         if totals["valid_anchors"] == 0:

@@ -12,7 +12,6 @@ those B + 1 slots, and slot q's output is read as the prediction of label slot q
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -47,6 +46,7 @@ from blockdraft.train.losses import (
 )
 from blockdraft.train.masks import dense_block_mask, flex_block_mask
 from blockdraft.train.metrics import accept_length
+from blockdraft.train.step_timer import Span
 from blockdraft.train.teacher import slot_source_rows, slot_teacher
 
 # Rows per chunk of the full-distribution KL when train.loss_chunk_size is 0: two [chunk, V]
@@ -66,6 +66,8 @@ class StepResult:
     """The blocks `pred` belongs to: anchors, labels, supervision."""
     confidence: Optional[torch.Tensor] = None
     """DSpark: [N, A, B] the confidence head's acceptance probability per slot (nan where unsupervised)."""
+    target_time: Optional[Span] = None
+    """The target's share of the micro-step (its capture; ~0 from a store), read once the step ends."""
 
 
 def block_attention_mask(blocks, batch, block_size: int, backend: str, sliding_window: Optional[int], causal: bool = False):
@@ -92,7 +94,7 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     b = dcfg.num_speculative_tokens + 1  # the label block: the anchor and one slot per drafted token
     blocks = draw_blocks(batch, cfg, b, dcfg.mask_token_id, generator)
     fed, b_fed = fed_blocks(blocks, dcfg)
-    started = _now(batch["input_ids"].device)
+    target_time = Span(batch["input_ids"].device)
     # From a feature store the batch carries the target's features; online, the target runs now
     # (through its last layer when soft labels need its distribution).
     online_soft_labels = cfg.kl_weight > 0 and "features" not in batch
@@ -103,7 +105,7 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         features, final_hidden = batch_features_and_final(target, batch)
     else:
         features = batch_features(target, batch)
-    target_seconds = _now(batch["input_ids"].device) - started
+    target_time.stop()
     if cfg.feature_noise_std and draft.training:
         features = add_feature_noise(features, cfg.feature_noise_std, generator)
     mask = per_layer_masks(
@@ -148,7 +150,7 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     norm = loss_normalization(cfg)
     block_ids = torch.arange(n * a, device=sup.device).view(n, a, 1).expand_as(sup)[sup]  # [M]
     loss = cfg.ce_weight * normalized_loss(ce, weights * ~outside, block_ids, norm) if cfg.ce_weight else 0.0
-    sums = {"micro_batches": torch.tensor(1.0), "time_target_s": torch.tensor(target_seconds)}
+    sums = {"micro_batches": torch.tensor(1.0)}
     if cfg.kl_weight > 0:
         kl, taught = _soft_label_kl(module, cfg, batch, final_hidden, target, blocks, sup, h_sup, lm_head, logits)  # [M] each
         # A slot none of whose teacher candidates the draft can emit carries no KL signal: out of the
@@ -180,7 +182,7 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
-    return StepResult(loss, sums, pred, blocks, confidence)
+    return StepResult(loss, sums, pred, blocks, confidence, target_time)
 
 
 def fed_blocks(blocks: BlockBatch, dcfg) -> tuple:
@@ -268,13 +270,6 @@ def add_feature_noise(features: torch.Tensor, std: float, generator) -> torch.Te
     device = generator.device if generator is not None else features.device
     noise = torch.randn(features.shape, generator=generator, device=device, dtype=torch.float32)
     return features + std * noise.to(features.device, features.dtype)
-
-
-def _now(device: torch.device) -> float:
-    # CUDA work is asynchronous: wait for it, or the time lands in whatever runs next.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _transform(module):

@@ -146,7 +146,7 @@ class Trainer:
             refuse_builtin_data_by_shard(cfg)
             # No rank ever holds the whole target: each reads its rows of each layer it keeps.
             hf_model = load_sharded_target(cfg.target.path, self.draft_cfg.target_layer_ids, cfg.train.kl_weight > 0,
-                                           self.target_dtype, self.dist)
+                                           self.target_dtype, self.dist, cfg.distributed.target_mesh)
         elif store is None:
             hf_model = load_causal_lm(cfg.target.path, self.target_dtype, self.device)
             # Rank 0 answers a recipe's built-in prompts while the target is still whole.
@@ -155,7 +155,8 @@ class Trainer:
         # Before sharding: it may copy target layers (a target loaded by shard gives them from its files).
         self.draft = self._initial_draft(None if by_shard else hf_model).to(self.device)
         if store is None:
-            sharded = hf_model if by_shard else shard_target(hf_model, cfg.distributed.target_sharding, self.dist)
+            sharded = hf_model if by_shard else shard_target(hf_model, cfg.distributed.target_sharding, self.dist,
+                                                                     cfg.distributed.target_mesh)
             self.target = TargetModel(sharded, self.draft_cfg.target_layer_ids)
         else:
             # From a store only the embeddings and the head are read; the decoder layers never load.

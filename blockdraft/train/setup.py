@@ -16,6 +16,7 @@ from blockdraft.models.target_checks import check_target_path, resolve_dtype, re
 from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.confidence import CONFIDENCE_TARGETS
 from blockdraft.train.optim import check_optim_config
+from blockdraft.train.batch_loader import check_loader_workers
 from blockdraft.train.parallelize import check_draft_sharding
 from blockdraft.train.target_sharding import check_strategy, check_target_mesh
 
@@ -53,6 +54,11 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
     check_strategy(cfg.distributed.target_sharding)
     check_target_mesh(cfg.distributed.target_mesh, cfg.distributed.target_sharding)
     check_draft_sharding(cfg.train.draft_sharding, cfg.optim.name)
+    check_loader_workers(cfg.train.loader_workers)
+    for key in ("timeout_s", "startup_timeout_s", "lease_s"):
+        value = getattr(cfg.distributed, key)
+        if not value > 0:
+            raise ConfigError(f"distributed.{key}={value!r}: give a number of seconds above 0 (docs/training.md).")
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ConfigError(f"wandb.mode={cfg.wandb.mode!r}; use disabled, offline or online.")
     if cfg.wandb.mode != "disabled" and importlib.util.find_spec("wandb") is None:

@@ -100,7 +100,8 @@ NEUTRAL = [
     "train.log_every=3", "train.save_every=5", "train.keep_last=1", "train.progress=true", "train.max_nonfinite_steps=9",
     "train.attention_backend=sdpa", "train.activation_checkpointing=true", "train.loss_chunk_size=16",
     "distributed.target_sharding=fsdp", "wandb.project=renamed", "wandb.mode=offline", "data.cache_dir=/tmp/elsewhere",
-    "data.tokenize_workers=3",
+    "data.tokenize_workers=3", "train.loader_workers=0", "distributed.timeout_s=30", "distributed.startup_timeout_s=90",
+    "distributed.lease_s=30", "distributed.target_mesh=node",
     "serve.startup_timeout_s=30", "serve.request_timeout_s=30",
 ]
 

@@ -5,15 +5,15 @@ would see it: a newest checkpoint one rank does not see yet, a file another sees
 must refuse alike, naming the rank and what it sees; a corrupt file, hashed by one rank only, is every rank's
 refusal too; run directories seen alike resume from the same checkpoint on every rank."""
 
+import json
 import os
 import shutil
-import socket
-import traceback
+import subprocess
 
 import pytest
-import torch.multiprocessing as mp
 
 from blockdraft.integrity import write_checksums
+from tests.integration.conftest import REPO, python
 
 WORLD = 3
 
@@ -26,28 +26,6 @@ def _checkpoint(run_dir, step: int):
     (path / "config.yaml").write_text("train: {}\n")
     write_checksums(path)
     return path
-
-
-def _rank(rank: int, port: int, cases: dict, results):
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    from blockdraft.train import distributed
-    from blockdraft.train.resume_choice import agree_on_resume_checkpoint
-
-    dist = distributed.init_distributed(startup_timeout_s=20, timeout_s=10)
-    for name, run_dirs in cases.items():
-        try:
-            got = agree_on_resume_checkpoint(run_dirs[rank], "auto", dist)
-            results.put((name, rank, "ok", got and got.name))
-        except Exception as err:  # what each rank raised, compared by the test
-            results.put((name, rank, type(err).__name__, f"{err}\n{traceback.format_exc()}"))
-    distributed.shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +43,20 @@ def outcomes(tmp_path_factory):
     for r in range(WORLD):  # the same bytes everywhere, the last listed file flipped: hashed by one rank only
         state = views["corrupt"][r] / "checkpoints" / "step_4" / "trainer_state.pt"
         state.write_bytes(b"xtate" + state.read_bytes()[5:])
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, views, results)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
+    cases = root / "cases.json"
+    cases.write_text(json.dumps({case: [str(d) for d in dirs] for case, dirs in views.items()}))
+    out = root / "out"
+    out.mkdir()
+    proc = subprocess.run([python(), "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--standalone",
+                           str(REPO / "tests" / "integration" / "resume_agreement_worker.py"), str(cases), str(out)],
+                          cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+    assert proc.returncode == 0, proc.stdout.decode()[-3000:]
     got = {}
-    for _ in range(WORLD * len(views)):
-        name, rank, kind, text = results.get(timeout=120)
-        got.setdefault(name, {})[rank] = (kind, text)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    for case in views:
+        for r in range(WORLD):
+            result = json.loads((out / f"{case}.rank{r}.json").read_text())
+            got.setdefault(case, {})[r] = (result["kind"], result["text"])
     return got
 
 

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import List
 
-import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from blockdraft import faults
@@ -26,17 +24,13 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.draft_config import check_layer_ids
 from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.models.target_checks import resolve_target_dtype
-from blockdraft.train.distributed import broadcast_object, init_distributed, patient_barrier
+from blockdraft.train.distributed import all_gather_object, broadcast_object, init_distributed, patient_barrier
 from blockdraft.train.parallelize import rank_shards
 
 
 def all_gather_lists(local: list) -> list:
     """Every rank's list, joined in rank order (the list itself for one process)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return list(local)
-    out: List[list] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, local)
-    return [x for part in out for x in part]
+    return [x for part in all_gather_object(local) for x in part]
 
 
 class CaptureStage:

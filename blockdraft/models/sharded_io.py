@@ -104,20 +104,17 @@ def check_shards_present(checkpoint: Path) -> None:
             raise DataError(f"{path} is truncated ({path.stat().st_size} of {size} bytes); use another checkpoint.")
 
 
-def verify_shards(checkpoint: Path, share: Optional[tuple] = None) -> None:
-    """The shards' sha256 against shard_checksums.json; `share` = (rank, world): this rank hashes every
-    world-th file from its rank on, and every rank learns the first fault any rank found."""
-    problem = shard_problem(checkpoint, share)
-    if share is not None and share[1] > 1:
-        found = [None] * share[1]
-        dist.all_gather_object(found, problem)
-        problem = next((p for p in found if p), "")
+def verify_shards(checkpoint: Path) -> None:
+    """The shards' sha256 against shard_checksums.json, in this process (the ranks of a resume split the
+    hashing and tell each other: train/checkpoint.py verify_checkpoint)."""
+    problem = shard_problem(checkpoint)
     if problem:
         raise DataError(problem)
 
 
 def shard_problem(checkpoint: Path, share: Optional[tuple] = None) -> str:
-    """This rank's share of verify_shards, without telling the others: the first fault found, or ''."""
+    """The first fault found in the shards, or ''. `share` = (rank, world): only every world-th file from `rank`
+    on is hashed."""
     checkpoint = Path(checkpoint)
     check_shards_present(checkpoint)
     listing = checkpoint / SHARD_CHECKSUMS

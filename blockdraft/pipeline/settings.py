@@ -179,8 +179,9 @@ def _set_torchrun(s: PipelineSettings, key: str, value: str) -> None:
             number = int(value)
         except ValueError:
             raise ConfigError(f"train.{key}={value!r} is not a whole number.") from None
-        if number < (0 if key in ("node_rank", "max_restarts") else 1):
-            raise ConfigError(f"train.{key}={value}: use {'0 or more' if key in ('node_rank', 'max_restarts') else '1 or more'}.")
+        floor = 0 if key in ("node_rank", "max_restarts") else 1
+        if number < floor:
+            raise ConfigError(f"train.{key}={value}: use {floor} or more.")
     s.torchrun[key] = value
 
 

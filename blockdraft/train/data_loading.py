@@ -9,7 +9,6 @@ from blockdraft.data.builtin_prompts import builtin_prompt_set
 from blockdraft.data.dataset import collate, dataset_key, prepare_dataset
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.train.anchors import valid_anchor_mask
-from blockdraft.train.batch_order import GlobalBatches  # noqa: F401  (imported from here before batch_order.py)
 from blockdraft.train.distributed import DistInfo, broadcast_object, patient_barrier
 
 

@@ -90,11 +90,6 @@ def set_step_timeout(timeout_s: float) -> None:
         _watch.set_timeout(timeout_s)
 
 
-def watch():
-    """This process's RankWatch (None on one process)."""
-    return _watch
-
-
 def patient_barrier(what: str) -> None:
     """Every rank arrives here, however long a chore keeps one of them, as long as it is alive (rank_watch.py)."""
     if _watch is not None:

@@ -12,8 +12,8 @@ group's timeout. Three things here keep a run from waiting on a rank that will n
   rank's long chore (tokenising the data, hashing a store, writing a checkpoint). It waits as long as the
   chore's rank beats, whatever the process group's timeout, and raises at once when any rank fails.
 
-Counters, not clock times: hosts' clocks need not agree. Keys are prefixed with the elastic restart count, since
-torchrun's agent keeps one store across the restarts of a job.
+Counters, not clock times: hosts' clocks need not agree. The store is the process group's, which is each restart
+attempt's own (distributed.py `_attempt_store`): a restarted group starts from no beats and no failure.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Optional
 
 FAILURE = "failure"
 # A rank that learned of a failure while blocked in a collective gets this long to leave by itself (its own
@@ -39,9 +39,8 @@ class RankWatch:
         self.store, self.rank, self.world = store, rank, world_size
         self.timeout_s = float(timeout_s)
         self.interval = interval_s or max(0.05, min(1.0, self.timeout_s / 5))
-        self.prefix = f"blockdraft/watch/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self.prefix = "blockdraft/watch/"
         self.exiting = False  # set once this rank handles its own error: the watcher leaves it to finish
-        self.on_abort: List[Callable[[], None]] = []  # run before a process is ended for another rank's failure
         self._stop = threading.Event()
         self._waits = 0
         self._thread: Optional[threading.Thread] = None
@@ -110,11 +109,6 @@ class RankWatch:
             time.sleep(0.05)
         if self.exiting or self._stop.is_set():
             return  # the main thread left on its own
-        for callback in self.on_abort:
-            try:
-                callback()
-            except Exception:
-                pass
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)

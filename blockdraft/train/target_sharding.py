@@ -32,7 +32,7 @@ from torch import nn
 
 from blockdraft.errors import ConfigError
 from blockdraft.train.cpu_allocator import return_large_frees
-from blockdraft.train.distributed import DistInfo
+from blockdraft.train.distributed import DistInfo, all_gather_object
 
 STRATEGIES = ("none", "fsdp")
 MESHES = ("global", "node")
@@ -117,8 +117,7 @@ def target_device_mesh(kind: str, dist: DistInfo):
     if kind == "node":
         # Every rank's LOCAL_WORLD_SIZE, so that every rank refuses a mixed launch alike instead of some
         # building one mesh and some another.
-        seen = [None] * dist.world_size
-        torch.distributed.all_gather_object(seen, os.environ.get("LOCAL_WORLD_SIZE"))
+        seen = all_gather_object(os.environ.get("LOCAL_WORLD_SIZE"))
         nodes, local = _node_shape(dist.world_size, seen)
         if nodes > 1:
             return init_device_mesh(dist.device.type, (nodes, local), mesh_dim_names=("node", "local"))

@@ -12,6 +12,7 @@ from blockdraft.data.feature_store import check_storage_dtype
 from blockdraft.errors import ConfigError
 from blockdraft.models.target_checks import check_target_path
 from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.target_sharding import check_strategy, check_target_mesh
 
 COMPUTE_DTYPES = ("train", "float32", "bfloat16", "auto")
 
@@ -52,5 +53,8 @@ def check_capture_config(cfg: CaptureAppConfig) -> None:
     if cfg.data.features:
         raise ConfigError("data.features is set: a capture writes a store (out=), it does not read one; drop data.features.")
     check_target_path(cfg.target)
+    # The target loads as online training loads it: whole on every rank, or by shard over the ranks.
+    check_strategy(cfg.distributed.target_sharding)
+    check_target_mesh(cfg.distributed.target_mesh, cfg.distributed.target_sharding)
     if cfg.prepare.regenerate_builtin is None:
         cfg.data.validate(require_train=True)

@@ -40,6 +40,16 @@ class RowForward:
         return [self._row(r, item, where, batch, device_batch, features, final)
                 for r, (item, where) in enumerate(zip(items, wheres))]
 
+    def stand_in(self, token_id: int) -> None:
+        """A forward of one token whose output is dropped: what a rank with no row left runs while a target
+        loaded by shard still needs it in every forward's all-gathers (the same kind of forward as the rows')."""
+        from blockdraft.train.features import batch_features, batch_features_and_final
+
+        one = torch.tensor([[token_id]], device=self.device)
+        batch = {"input_ids": one, "attention_mask": torch.ones_like(one), "document_ids": torch.zeros_like(one)}
+        with self.autocast():
+            (batch_features_and_final if self.teacher_top_k else batch_features)(self.target, batch)
+
     def _row(self, r: int, item: dict, where: str, batch: dict, device_batch: dict, features, final) -> dict:
         from blockdraft.train.teacher import teacher_topk_rows
 

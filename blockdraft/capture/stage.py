@@ -1,6 +1,11 @@
-"""The capture stage on one rank of any number: every rank loads the target and tokenises the rows, captures
-the shards train/parallelize.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
-One process is the world of one."""
+"""The capture stage on one rank of any number: every rank loads the target (whole, or by shard with
+distributed.target_sharding=fsdp, as online training loads it) and tokenises the rows, captures the shards
+train/parallelize.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
+One process is the world of one.
+
+A target loaded by shard runs every forward as a collective (each layer is all-gathered from every rank), so
+every rank runs the same number of forwards: the plan is every rank's, and a rank whose shards are done runs
+one-token stand-ins until the busiest rank's last forward."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.models.target_checks import resolve_target_dtype
 from blockdraft.train.distributed import all_gather_object, broadcast_object, init_distributed, patient_barrier
 from blockdraft.train.parallelize import rank_shards
+from blockdraft.train.target_sharding import loads_by_shard
 
 
 def all_gather_lists(local: list) -> list:
@@ -54,6 +60,7 @@ class CaptureStage:
         self.layer_ids = resolve_layer_ids(cfg.draft, self.target_config)
         check_layer_ids(self.layer_ids, self.target_config.num_hidden_layers)
         self.target = None  # loaded only once the store's identity has been checked
+        self.by_shard = loads_by_shard(cfg.distributed.target_sharding, self.dist)
         # Soft labels are kept when the run these overrides describe trains with them.
         with contextlib.nullcontext() if self.dist.is_main else contextlib.redirect_stdout(None):  # said once
             self.teacher_top_k = store_teacher_top_k(cfg.train.kl_weight, cfg.train.teacher_top_k)
@@ -81,7 +88,11 @@ class CaptureStage:
         """Recipes like tiny_cpu answer built-in prompts with the target first, as training does."""
         if self.cfg.prepare.regenerate_builtin is None:
             return
-        from blockdraft.train.data_loading import ensure_builtin_data
+        from blockdraft.train.data_loading import ensure_builtin_data, refuse_builtin_data_by_shard
+
+        if self.by_shard:  # answering needs the whole target, which no rank loads: refused unless already answered
+            refuse_builtin_data_by_shard(self.cfg)
+            return
 
         ensure_builtin_data(self.cfg, self._target().model, self.tokenizer, self.dist)
 
@@ -102,7 +113,18 @@ class CaptureStage:
         if self.target is None:
             from blockdraft.models.target import TargetModel
 
-            self.target = TargetModel.load(self.cfg.target.path, self.layer_ids, self.target_dtype, self.dist.device)
+            if self.by_shard:
+                from blockdraft.train.target_sharding import load_sharded_target
+
+                # No rank holds the whole target: each reads its rows of each layer up to the deepest captured
+                # one (every layer when soft labels need the final hidden states).
+                model = load_sharded_target(self.cfg.target.path, self.layer_ids, self.teacher_top_k > 0,
+                                            self.target_dtype, self.dist, self.cfg.distributed.target_mesh)
+                self.target = TargetModel(model, self.layer_ids)
+                self.say(f"the target loaded by shard over {self.dist.world_size} ranks "
+                         f"(distributed.target_mesh={self.cfg.distributed.target_mesh})")
+            else:
+                self.target = TargetModel.load(self.cfg.target.path, self.layer_ids, self.target_dtype, self.dist.device)
         return self.target
 
     def _tokenised(self, name: str, path: str):
@@ -137,14 +159,22 @@ class CaptureStage:
                 self.say(f"{name}: resuming after {num_shards - len(todo)} finished shard(s) of {num_shards}")
             tokens = {n: sum(len(dataset[i]["input_ids"]) for i in shard_rows(n, cfg.rows_per_shard, len(dataset)))
                       for n in todo}
-            self._capture_shards(store.root, dataset, name, rank_shards(tokens, self.dist.rank, world))
+            plans = [rank_shards(tokens, r, world) for r in range(world)]
+            # Under a target loaded by shard, every rank runs as many forwards as the busiest.
+            forwards = max(self._forwards(plan, len(dataset)) for plan in plans) if self.by_shard else 0
+            self._capture_shards(store.root, dataset, name, plans[self.dist.rank], forwards)
         # A rank whose shards took longer is waited for as long as it is alive, not the process group's timeout.
         patient_barrier(f"every rank capturing its shards of {name}")
         if self.dist.is_main:
             store_writer.list_shards(store, name)
         return store
 
-    def _capture_shards(self, root: Path, dataset, name: str, numbers: List[int]) -> None:
+    def _forwards(self, numbers: List[int], num_rows: int) -> int:
+        per = self.cfg.rows_per_forward
+        return sum(-(-len(shard_rows(n, self.cfg.rows_per_shard, num_rows)) // per) for n in numbers)
+
+    def _capture_shards(self, root: Path, dataset, name: str, numbers: List[int], forwards: int = 0) -> None:
+        """This rank's shards; then, to reach `forwards` forwards in all, stand-ins (a target loaded by shard)."""
         cfg = self.cfg
         forward = RowForward(self._target(), self.dist.device, self.dtype, self.teacher_top_k, cfg.storage_dtype)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -165,6 +195,8 @@ class CaptureStage:
                 bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}", refresh=False)
             store_writer.write_shard(root, name, number, rows, STORAGE_DTYPES[cfg.storage_dtype])
             faults.point("capture.after_shard")
+        for _ in range(forwards - self._forwards(numbers, len(dataset))):
+            forward.stand_in(pad)
         bar.close()
         seconds = time.perf_counter() - started
         who = f" on rank {self.dist.rank} of {self.dist.world_size}" if self.dist.enabled else ""

@@ -15,10 +15,10 @@ from tests.integration.conftest import REPO, SHARD_ROWS, capture_tiny, python
 STORE_ARGS = ["experiment=tiny_cpu", "storage_dtype=float32", f"rows_per_shard={SHARD_ROWS}", "train.progress=false"]
 
 
-def capture_on_ranks(out, nproc: int, fault: str = "") -> subprocess.CompletedProcess:
+def capture_on_ranks(out, nproc: int, fault: str = "", extra=()) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **({"BLOCKDRAFT_FAULT": fault} if fault else {})}
     cmd = [python(), "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "blockdraft.capture", *STORE_ARGS, f"out={out}"]
+           "-m", "blockdraft.capture", *STORE_ARGS, *extra, f"out={out}"]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 

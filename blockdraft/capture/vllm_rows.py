@@ -56,9 +56,10 @@ FILE_POLL_S = 0.02
 class CaptureRequestError(RuntimeError):
     """One request failed; `retryable` says whether sending it again may help."""
 
-    def __init__(self, message: str, retryable: bool = True):
+    def __init__(self, message: str, retryable: bool = True, unreachable: bool = False):
         super().__init__(message)
         self.retryable = retryable
+        self.unreachable = unreachable  # no answer at all: is the server still there?
 
 
 # --- conversions (pure) -------------------------------------------------------------------------
@@ -161,14 +162,15 @@ class _Server:
     url: str
     model: Optional[str]
     free: int  # request slots left (workers in flight at most)
+    gone: bool = False  # a request got no answer and it no longer lists its models: no more requests
 
 
 class VllmRows:
     """`VllmRows(urls, scratch_dir, layer_ids, teacher_top_k, workers, timeout_s).rows(items, wheres)` -> store rows.
 
     urls: the capture servers (http://host:port, with or without /v1), whose connector writes into scratch_dir.
-    Requests go out `workers` at a time per server, each to the server with the most free slots; a request
-    that fails (dropped connection, timeout, 5xx, 429, or no file within timeout_s) is sent again, to any
+    Requests go out `workers` at a time per server, each to the server with the most free slots; a server that
+    left a request unanswered and no longer lists its models gets no more while another answers; a request that fails (dropped connection, timeout, 5xx, 429, or no file within timeout_s) is sent again, to any
     server, up to `retries` times with a doubling backoff; a refusal (4xx) stops the capture at once."""
 
     def __init__(self, urls: Sequence[str], scratch_dir: str | os.PathLike, layer_ids: Sequence[int], teacher_top_k: int = 0,
@@ -270,6 +272,10 @@ class VllmRows:
                 return self._once(server, ids, want_last)
             except CaptureRequestError as err:
                 failures.append(f"{server.url}: {err}")
+                if err.unreachable and not server.gone:
+                    from blockdraft.regen.endpoints import still_answers
+
+                    server.gone = not still_answers(server.url, self.headers)
                 if not err.retryable:
                     raise CaptureRequestError("; ".join(failures), retryable=False) from None
             finally:
@@ -279,8 +285,11 @@ class VllmRows:
     def _take(self) -> _Server:
         with self._slots:
             while True:
-                server = max(self.servers, key=lambda s: s.free)
-                if server.free > 0:
+                # Servers that are gone get nothing while another still answers (wait for that one instead).
+                usable = [s for s in self.servers if not s.gone] or self.servers
+                open_ = [s for s in usable if s.free > 0]
+                if open_:
+                    server = max(open_, key=lambda s: s.free)
                     server.free -= 1
                     return server
                 self._slots.wait()
@@ -288,7 +297,7 @@ class VllmRows:
     def _give(self, server: _Server) -> None:
         with self._slots:
             server.free += 1
-            self._slots.notify()
+            self._slots.notify_all()
 
     def _once(self, server: _Server, ids: List[int], want_last: bool) -> dict:
         from blockdraft.regen.vllm_backend import RegenRequestError, RequestRefused, post_json
@@ -301,7 +310,7 @@ class VllmRows:
         except RequestRefused as err:
             raise CaptureRequestError(str(err), retryable=err.retryable) from None
         except RegenRequestError as err:
-            raise CaptureRequestError(str(err), retryable=True) from None
+            raise CaptureRequestError(str(err), retryable=True, unreachable=err.unreachable) from None
         said = (answer.get("kv_transfer_params") or {}).get(PATH_KEY)
         if said is None:
             raise CaptureRequestError(

@@ -140,7 +140,7 @@ class FakeCapture:
     """A completions server on loopback that does what a capture server does: writes [n, layers, H] states (token id
     plus the aux id, per element) and the ids to <dir>/<capture_name>.safetensors, answers with the path and, when
     asked, prompt logprobs (logit of token v at position t: -(v - ids[t]) ** 2). `script` holds, per request, what
-    to do: "ok", "drop" (close the connection), "500", "400", "nofile"."""
+    to do: "ok", "drop" (close the connection), "500", "400", "nofile", "noparams"."""
 
     def __init__(self, directory: Path, aux: list, script=()):
         self.directory, self.aux, self.script, self.bodies = directory, aux, list(script), []
@@ -181,6 +181,8 @@ class FakeCapture:
                     states = torch.tensor(ids, dtype=torch.float32)[:, None, None] + torch.tensor(fake.aux, dtype=torch.float32)[None, :, None]
                     save_file({"hidden_states": states.expand(-1, -1, H).contiguous(), "token_ids": torch.tensor(ids)}, str(path))
                 answer = {"choices": [{"text": "x"}], "kv_transfer_params": {"hidden_states_path": str(path)}}
+                if action == "noparams":  # a plain vLLM server, without the capture's connector
+                    answer.pop("kv_transfer_params")
                 k = body.get("prompt_logprobs")
                 if k:
                     answer["choices"][0]["prompt_logprobs"] = [None] + [
@@ -266,11 +268,13 @@ def test_a_file_that_never_comes_is_retried_then_the_capture_stops_naming_the_ro
 
 
 def test_a_server_without_the_connector_and_one_of_other_layers_are_refused_at_once(fake, tmp_path):
-    server = fake(aux=(2, 4, 6))
+    server = fake(["noparams"], aux=(2, 4, 6))
     with VllmRows([server.url], tmp_path, [1, 3], workers=1, timeout_s=5, retries=3) as client:
+        with pytest.raises(DataError, match="does not run the capture connector"):
+            client.rows([item([4, 5], [2])], ["r"])
         with pytest.raises(DataError, match="other layers"):
             client.rows([item([4, 5], [2])], ["r"])
-    assert len(server.bodies) == 1
+    assert len(server.bodies) == 2
 
 
 def test_requests_spread_over_servers_at_most_workers_in_flight_each(fake, tmp_path):
@@ -370,3 +374,13 @@ def test_a_finished_request_is_gathered_from_its_blocks_written_once_and_reporte
     assert sorted(os.listdir(tmp_path)) == ["row-0.safetensors"]
     worker.bind_connector_metadata(connector.CaptureMetadata())
     assert worker.get_finished(set()) == (None, None)
+
+
+def test_a_dead_server_is_passed_over_once_it_failed(fake, tmp_path):
+    alive = fake()
+    dead = FakeCapture(tmp_path, [2, 4])
+    dead.close()  # its port now refuses connections
+    items = [item([i, i + 1], [2]) for i in range(8)]
+    with VllmRows([dead.url, alive.url], tmp_path, [1, 3], workers=1, timeout_s=5, retries=1, retry_backoff_s=0.01) as client:
+        rows = client.rows(items, [f"r{i}" for i in range(8)])
+    assert len(rows) == 8 and len(alive.bodies) == 8

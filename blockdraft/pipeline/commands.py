@@ -85,32 +85,36 @@ def train_argv(s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) 
     """Several processes train under torchrun, elastically: a rank that dies (or its node) makes torchrun stop the
     group and start it again, up to train.max_restarts times, and each new attempt resumes from the last checkpoint
     (train_overrides' resume=auto; the run's lock, held by the failed attempt, is taken over: train/run_lock.py)."""
-    if s.nproc == 1 and int(s.torchrun.get("nnodes", 1)) == 1:
-        return [python(), "-m", "blockdraft.train", *train_overrides(s, use_store, batch)]
+    return launched(s, "blockdraft.train", train_overrides(s, use_store, batch), rendezvous_id(s))
+
+
+def capture_argv(s: PipelineSettings) -> List[str]:
+    """The capture on every node, launched as training is (train.nproc ranks per node, the same nodes and
+    rendezvous endpoint, elastic): each rank captures its share of the shards, and the store is the same for any
+    count. A restarted attempt resumes at the unfinished shards. Its own rendezvous id, so that its rendezvous
+    and training's, one after the other on the same endpoint, are never taken for one another."""
+    return launched(s, "blockdraft.capture", capture_overrides(s), rendezvous_id(s) + "-capture")
+
+
+def launched(s: PipelineSettings, module: str, overrides: List[str], rdzv_id: str) -> List[str]:
+    """`python -m module` for one process, else torchrun over train.nproc ranks on each of train.nnodes nodes."""
     nnodes = int(s.torchrun.get("nnodes", 1))
+    if s.nproc == 1 and nnodes == 1:
+        return [python(), "-m", module, *overrides]
     launch = [f"--nproc_per_node={s.nproc}"]
     if nnodes == 1:
         launch.append("--standalone")
     else:
         launch += [f"--nnodes={nnodes}", f"--node_rank={s.node_rank}", "--rdzv_backend=c10d",
-                   f"--rdzv_endpoint={s.torchrun['rdzv_endpoint']}", f"--rdzv_id={rendezvous_id(s)}"]
+                   f"--rdzv_endpoint={s.torchrun['rdzv_endpoint']}", f"--rdzv_id={rdzv_id}"]
     launch.append(f"--max-restarts={s.max_restarts}")
-    return [python(), "-m", "torch.distributed.run", *launch, "-m", "blockdraft.train", *train_overrides(s, use_store, batch)]
+    return [python(), "-m", "torch.distributed.run", *launch, "-m", module, *overrides]
 
 
 def rendezvous_id(s: PipelineSettings) -> str:
     """The job's id on several nodes, from the run's out dir: every node's torchrun is given the same out= and so
     agrees on it, and it stays the same across restarts, so the run's lock knows a restarted attempt of its job."""
     return "blockdraft-" + hashlib.sha256(str(Path(s.out).absolute()).encode()).hexdigest()[:16]
-
-
-def capture_argv(s: PipelineSettings) -> List[str]:
-    """The capture on node 0's train.nproc ranks (each captures its share of the shards; the store is the same
-    for any count). Other nodes only wait for it: the capture stage is not one they run."""
-    if s.nproc == 1:
-        return [python(), "-m", "blockdraft.capture", *capture_overrides(s)]
-    return [python(), "-m", "torch.distributed.run", f"--nproc_per_node={s.nproc}", "--standalone",
-            "-m", "blockdraft.capture", *capture_overrides(s)]
 
 
 def stage_argv(stage: str, s: PipelineSettings, use_store: bool, batch: Sequence[str] = ()) -> List[str]:

@@ -38,7 +38,7 @@ class Stage:
     skip_reason: Optional[str] = None
     """Set when the stage is not part of this run (online capture, no gate)."""
     joined: bool = False
-    """A node of rank > 0 runs it too, beside node 0 (training); other stages it only waits for."""
+    """A node of rank > 0 runs it too, beside node 0 (capture, training); other stages it only waits for."""
     resume_inputs: Optional[dict] = None
     """`inputs` less what a run that stopped part way may continue under (training: optim.lr, grad_clip)."""
     former_inputs: Optional[dict] = None
@@ -205,27 +205,30 @@ def settings_changed(stage: Stage, then: dict) -> str:
 
 def follow(stage: Stage, upstream: dict, records: StageRecords, began: float, poll_s: float, wait_s: float,
            spent: Dict[str, float]) -> dict:
-    """Node 0's record of this stage, once it finished; a joined stage (training) is run here as soon as
-    node 0 has started it, in the form node 0 chose (`otherwise`). A failure node 0 recorded after this node
+    """Node 0's record of this stage, once it finished; a joined stage (capture, training) is run here as soon as
+    node 0 has started it, in the form node 0 chose (`otherwise`), and then node 0's record of it finished is
+    waited for too, since the next stage's key holds what it made. A failure node 0 recorded after this node
     started ends the wait; one from before is an earlier attempt, which a rerun of node 0 replaces."""
-    deadline, said = time.monotonic() + wait_s, 0.0
+    deadline, said, joined = time.monotonic() + wait_s, 0.0, False
     while True:
         record = records.reload().get(stage.name)
         form, keys = choose(stage, upstream, record, False)
         ours = keys.match(record)
         if ours and record.get("done") and stage.reached_by(record):
-            if stage.joined:
+            if stage.joined and not joined:
                 say(f"{stage.name}: cached (node 0's record: finished {record['at']}); skipped")
             return record
         if record.get("failed") and record.get("at_epoch", 0) >= began:
             raise NodeZeroFailed(f"node 0's {stage.name} stage failed at {record['at']}: {record['failed']}. "
                                  "Fix it on node 0, then rerun the same command on every node.")
-        if stage.joined and ours and not record.get("done") and not record.get("failed"):
+        if stage.joined and not joined and ours and not record.get("done") and not record.get("failed"):
             print(f"\n[pipeline] === {stage.name} (joining node 0) ===", flush=True)
             started = time.perf_counter()
             form.run()
             spent[stage.name] = time.perf_counter() - started
-            return record
+            # Node 0's ranks ended with ours: its record follows within moments.
+            joined, deadline, said = True, time.monotonic() + wait_s, time.monotonic()
+            continue
         if time.monotonic() > deadline:
             raise NodeZeroFailed(f"node 0 did not finish its {stage.name} stage within node_wait_minutes="
                                  f"{wait_s / 60:g}; check node 0, then rerun, or raise node_wait_minutes.")

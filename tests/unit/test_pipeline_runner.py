@@ -158,19 +158,22 @@ def node0_later(tmp_path, stands, delay=0.3, **kw):
     return timer
 
 
-def test_a_follower_waits_for_node_zero_joins_its_training_and_never_writes(tmp_path):
-    n0 = [Stand(tmp_path, "regen"), Stand(tmp_path, "train", joined=True)]
-    follower = [Stand(tmp_path, "regen"), Stand(tmp_path, "train", joined=True)]
-    n0[1].stage.run = lambda: time.sleep(0.5) or n0[1].run()  # node 0 trains for a while: the follower joins it
-    follower[1].stage.run = lambda: follower[1].__setattr__("runs", 1) or True
+def test_a_follower_waits_for_node_zero_joins_its_capture_and_training_and_never_writes(tmp_path):
+    def stages():
+        return [Stand(tmp_path, "regen"), Stand(tmp_path, "capture", joined=True), Stand(tmp_path, "train", joined=True)]
+
+    n0, follower = stages(), stages()
+    for stand in n0[1:]:  # node 0 captures and trains for a while: the follower joins each as it starts
+        stand.stage.run = lambda stand=stand: time.sleep(0.5) or stand.run()
+    for stand in follower[1:]:
+        stand.stage.run = lambda stand=stand: stand.__setattr__("runs", 1) or True
     timer = node0_later(tmp_path, n0)
     spent = run_stages([s.stage for s in follower], StageRecords(tmp_path / "stages.json", writer=False), [], tmp_path,
                        follower=True, poll_s=0.02)
     timer.join()
-    assert follower[0].runs == 0 and follower[1].runs == 1 and set(spent) == {"train"}
-    # A rerun with node 0's training done: the follower is cached, runs nothing.
-    again = [Stand(tmp_path, "regen"), Stand(tmp_path, "train", joined=True)]
-    assert run_stages([s.stage for s in again], StageRecords(tmp_path / "stages.json", writer=False), [], tmp_path,
+    assert [s.runs for s in follower] == [0, 1, 1] and set(spent) == {"capture", "train"}
+    # A rerun with node 0's stages done: the follower is cached, runs nothing.
+    assert run_stages([s.stage for s in stages()], StageRecords(tmp_path / "stages.json", writer=False), [], tmp_path,
                       follower=True, poll_s=0.02) == {}
     with pytest.raises(RuntimeError, match="only node 0 writes"):
         StageRecords(tmp_path / "stages.json", writer=False).mark("regen", "k", done=True)

@@ -100,11 +100,17 @@ def test_the_torchrun_launch_and_the_store_choice(target, tmp_path):
     assert argv[argv.index("-m", 2) + 1] == "blockdraft.train" and f"data.features={tmp_path / 'store'}" in argv
     nodes = parse_overrides(words(tmp_path, "train.nnodes=2", "train.node_rank=1", "train.rdzv_endpoint=h:29500"))
     assert "--node_rank=1" in commands.train_argv(nodes, False) and "--rdzv_endpoint=h:29500" in commands.train_argv(nodes, False)
-    # The capture runs on train.nproc ranks of node 0 (the store is the same for any count).
+    # The capture is launched as training is: train.nproc ranks on every node (the store is the same for any count),
+    # elastic, on training's rendezvous endpoint under an id of its own.
     capture = commands.stage_argv("capture", s, True)
     assert capture[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
     assert capture[capture.index("-m", 2) + 1] == "blockdraft.capture" and f"out={tmp_path / 'store'}" in capture
-    assert "--rdzv_endpoint=h:29500" not in commands.stage_argv("capture", nodes, True)
+    on_nodes, training = commands.stage_argv("capture", nodes, True), commands.train_argv(nodes, False)
+    launch = [w for w in on_nodes[:on_nodes.index("-m", 2)] if not w.startswith("--rdzv_id=")]
+    assert launch == [w for w in training[:training.index("-m", 2)] if not w.startswith("--rdzv_id=")]
+    assert "--nnodes=2" in launch and "--node_rank=1" in launch and any(w.startswith("--max-restarts=") for w in launch)
+    ids = [next(w for w in argv if w.startswith("--rdzv_id=")) for argv in (on_nodes, training)]
+    assert ids[0] == ids[1] + "-capture"
     one = commands.stage_argv("capture", parse_overrides(words(tmp_path)), True)
     assert one[1:3] == ["-m", "blockdraft.capture"]
     online = parse_overrides(words(tmp_path, "store=false"))

@@ -138,6 +138,7 @@ def composed_regen(words: list) -> dict:
 
 
 def test_the_sbatch_script_runs_node_1s_servers_for_regen_then_both_pipelines(tmp_path, target, eight_gpus, monkeypatch):
+    from blockdraft.pipeline import commands
     from blockdraft.pipeline.settings import check_settings, parse_overrides
 
     monkeypatch.setattr("blockdraft.pipeline.app.check_prompt_supply", lambda regen, train: None)  # the docstring says why
@@ -150,6 +151,14 @@ def test_the_sbatch_script_runs_node_1s_servers_for_regen_then_both_pipelines(tm
     assert f"train.rdzv_endpoint={NODES[0]}:29500" in leader and f"target={target}" in leader
     regen = composed_regen(leader[1:])  # every key known, every app composed and checked
     check_settings(parse_overrides(follower[1:]))  # node 1's rank, within train.nnodes
+    # When the run takes a feature store, node 1's 8 GPUs capture beside node 0's: the capture is launched as
+    # training is, on both nodes and the same rendezvous endpoint.
+    for words, rank in ((leader, 0), (follower, 1)):
+        s = parse_overrides(words[1:])
+        capture, training = commands.stage_argv("capture", s, True), commands.train_argv(s, True)
+        assert [w for w in capture if w.startswith("--")] == [
+            w + "-capture" if w.startswith("--rdzv_id=") else w for w in training if w.startswith("--")]
+        assert f"--node_rank={rank}" in capture and "--nnodes=2" in capture and "--nproc_per_node=8" in capture
 
     servers = [(node, words) for what, node, words in calls if what == "vllm"]
     assert len(servers) == GPUS_PER_NODE and {node for node, _ in servers} == {NODES[1]}

@@ -31,8 +31,11 @@ def store_teacher_top_k(kl_weight: float, teacher_top_k) -> int:
 
 
 def capture_compute_dtype(cfg: CaptureAppConfig, device: torch.device) -> torch.dtype:
+    """`device`: where the target runs (with backend=vllm, the servers' device)."""
     from blockdraft.machine import fast_cpu_bfloat16
 
+    if cfg.backend == "vllm" and device.type == "cpu":
+        return torch.float32  # the servers run vLLM's CPU kernels in float32 (vllm_runtime/server.py)
     if cfg.compute_dtype == "train":
         return resolve_dtype(cfg.train.dtype, device)
     if cfg.compute_dtype == "auto":
@@ -48,6 +51,8 @@ def capture_identity(cfg: CaptureAppConfig, target_config, layer_ids, tokenizer,
                               cfg.storage_dtype, cfg.rows_per_shard, teacher_top_k)
     if dtype != torch.float32:  # absent from float32 captures, so the stores made before stay what they were
         identity["compute_dtype"] = str(dtype).replace("torch.", "")
+    if cfg.backend != "transformers":  # likewise; a resume never mixes shards of two engines
+        identity["backend"] = cfg.backend
     return identity
 
 

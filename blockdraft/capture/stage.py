@@ -1,7 +1,8 @@
 """The capture stage on one rank of any number: every rank loads the target (whole, or by shard with
 distributed.target_sharding=fsdp, as online training loads it) and tokenises the rows, captures the shards
 train/parallelize.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
-One process is the world of one.
+One process is the world of one. With backend=vllm one process sends the rows to vLLM servers instead
+(capture/vllm_rows.py), whole shards at a time, so that every server has requests in flight.
 
 A target loaded by shard runs every forward as a collective (each layer is all-gathered from every rank), so
 every rank runs the same number of forwards: the plan is every rank's, and a rank whose shards are done runs
@@ -10,6 +11,7 @@ one-token stand-ins until the busiest rank's last forward."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from pathlib import Path
 from typing import List
@@ -53,13 +55,15 @@ class CaptureStage:
             save_tiny_target(cfg.target.path, cfg.target.tiny)
         patient_barrier("rank 0 writing the tiny target")
         # Both dtypes are settled (and a bf16 target under an fp32 step refused) before anything loads.
-        self.dtype = capture_compute_dtype(cfg, self.dist.device)
+        self.dtype = capture_compute_dtype(cfg, self._engine_device())
         self.target_dtype = resolve_target_dtype(cfg.target.dtype, self.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.target.path)
         self.target_config = load_text_config(cfg.target.path)
         self.layer_ids = resolve_layer_ids(cfg.draft, self.target_config)
         check_layer_ids(self.layer_ids, self.target_config.num_hidden_layers)
         self.target = None  # loaded only once the store's identity has been checked
+        self.engine = contextlib.ExitStack()  # backend=vllm: the servers and their client, started at the first shard
+        self.vllm_rows = None
         self.by_shard = loads_by_shard(cfg.distributed.target_sharding, self.dist)
         # Soft labels are kept when the run these overrides describe trains with them.
         with contextlib.nullcontext() if self.dist.is_main else contextlib.redirect_stdout(None):  # said once
@@ -77,8 +81,9 @@ class CaptureStage:
         identity = capture_identity(self.cfg, self.target_config, self.layer_ids, self.tokenizer, self.teacher_top_k, self.dtype)
         identity["sources"] = {name: split_source(path) for name, path in self.splits()}
         store = self._open_store(identity)
-        for name, path in self.splits():
-            store = self._capture_split(store, name, path)
+        with self.engine:
+            for name, path in self.splits():
+                store = self._capture_split(store, name, path)
         held = ", ".join(f"{n}: {s['rows']} rows, {s['tokens']} tokens" for n, s in store.splits.items())
         self.say(f"done: {store.root} ({held})")
         return store.root
@@ -108,6 +113,34 @@ class CaptureStage:
         if refusal is not None:
             raise ConfigError(refusal)
         return store or FeatureStore.open(self.cfg.out, key="out")
+
+    def _engine_device(self):
+        import torch
+
+        if self.cfg.backend == "vllm":
+            from blockdraft.capture.vllm_servers import default_device
+
+            return torch.device(default_device())
+        return self.dist.device
+
+    def _vllm_rows(self):
+        """The vLLM servers (started here, or the endpoints) and their client, once for every split."""
+        if self.vllm_rows is None:
+            from blockdraft.capture.vllm_rows import VllmRows
+            from blockdraft.capture.vllm_servers import capture_servers
+
+            v = self.cfg.vllm
+            if not v.scratch_dir:  # our own: a killed capture's unread files are of no later request
+                shutil.rmtree(Path(self.cfg.out) / "vllm_scratch", ignore_errors=True)
+            servers = self.engine.enter_context(capture_servers(
+                v, self.cfg.target.path, self.layer_ids, self.teacher_top_k, self.cfg.data.seq_length + 1, self.cfg.out,
+                dtype=str(self.dtype).replace("torch.", "")))
+            self.vllm_rows = self.engine.enter_context(VllmRows(
+                servers.urls, servers.scratch_dir, self.layer_ids, self.teacher_top_k, workers=v.workers,
+                timeout_s=v.request_timeout_s, retries=v.retries, storage_dtype=self.cfg.storage_dtype))
+            if not v.scratch_dir:
+                self.engine.callback(_remove_if_empty, servers.scratch_dir)
+        return self.vllm_rows
 
     def _target(self):
         if self.target is None:
@@ -176,8 +209,13 @@ class CaptureStage:
     def _capture_shards(self, root: Path, dataset, name: str, numbers: List[int], forwards: int = 0) -> None:
         """This rank's shards; then, to reach `forwards` forwards in all, stand-ins (a target loaded by shard)."""
         cfg = self.cfg
-        forward = RowForward(self._target(), self.dist.device, self.dtype, self.teacher_top_k, cfg.storage_dtype)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if cfg.backend == "vllm":
+            # A whole shard's rows in flight at once, spread over every server's request slots.
+            run, at_once = self._vllm_rows().rows, cfg.rows_per_shard
+        else:
+            forward = RowForward(self._target(), self.dist.device, self.dtype, self.teacher_top_k, cfg.storage_dtype)
+            run, at_once = (lambda items, wheres: forward.rows(items, collate(items, pad_id=pad), wheres)), cfg.rows_per_forward
         rows_total = sum(len(shard_rows(n, cfg.rows_per_shard, len(dataset))) for n in numbers)
         bar = tqdm(total=rows_total, unit="row", desc=f"capture {name}", dynamic_ncols=True, mininterval=1.0,
                    disable=not (cfg.train.progress and self.dist.is_main))
@@ -185,11 +223,11 @@ class CaptureStage:
         for number in numbers:
             rows = []
             indices = list(shard_rows(number, cfg.rows_per_shard, len(dataset)))
-            for at in range(0, len(indices), cfg.rows_per_forward):
-                chunk = indices[at:at + cfg.rows_per_forward]
+            for at in range(0, len(indices), at_once):
+                chunk = indices[at:at + at_once]
                 items = [{**dataset[i], "prompt_hashes": dataset.row_prompt_hashes(i)} for i in chunk]
                 wheres = [f"data.{name} row from line(s) {dataset.source_lines(i)}" for i in chunk]
-                rows += forward.rows(items, collate(items, pad_id=pad), wheres)
+                rows += run(items, wheres)
                 tokens += sum(len(item["input_ids"]) for item in items)
                 bar.update(len(chunk))
                 bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}", refresh=False)
@@ -202,3 +240,8 @@ class CaptureStage:
         who = f" on rank {self.dist.rank} of {self.dist.world_size}" if self.dist.enabled else ""
         print(f"[capture] {name}{who}: {len(numbers)} shard(s), {rows_total} rows, {tokens} tokens in {seconds:.1f} s "
               f"({tokens / max(seconds, 1e-9):.0f} tokens/s)", flush=True)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        directory.rmdir()

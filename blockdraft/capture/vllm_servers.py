@@ -117,10 +117,11 @@ class CaptureServers:
 
 @contextmanager
 def capture_servers(cfg: CaptureVllmConfig, target: str, layer_ids: Sequence[int], teacher_top_k: int, max_model_len: int,
-                    out: str | os.PathLike, device: Optional[str] = None) -> Iterator[CaptureServers]:
+                    out: str | os.PathLike, device: Optional[str] = None, dtype: Optional[str] = None) -> Iterator[CaptureServers]:
     """The started servers (ready) and the endpoints; the started ones stopped when the block ends, however it ends.
 
-    max_model_len: the longest document + 1 (the generated token): data.seq_length + 1."""
+    max_model_len: the longest document + 1 (the generated token): data.seq_length + 1. dtype: the GPU servers'
+    --dtype (on CPU vLLM runs float32)."""
     from blockdraft.regen.servers import plan_slots
     from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
     from blockdraft.vllm_runtime.server import VllmServer, server_settings, start_together, visible_gpus
@@ -141,6 +142,8 @@ def capture_servers(cfg: CaptureVllmConfig, target: str, layer_ids: Sequence[int
     args, env = server_settings(device, max_model_len, cfg.workers, cfg.kv_cache_gib, "auto")
     if cfg.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    if dtype and device != "cpu":
+        args += ["--dtype", dtype]
     args += capture_args(scratch, teacher_top_k) + list(cfg.extra_vllm_args)
     env.update(server_env())
     servers = [VllmServer(python, target, log_path=slot.log, speculative_config=speculative_config(layer_ids), args=args,

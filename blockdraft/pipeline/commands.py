@@ -92,8 +92,17 @@ def capture_argv(s: PipelineSettings) -> List[str]:
     """The capture on every node, launched as training is (train.nproc ranks per node, the same nodes and
     rendezvous endpoint, elastic): each rank captures its share of the shards, and the store is the same for any
     count. A restarted attempt resumes at the unfinished shards. Its own rendezvous id, so that its rendezvous
-    and training's, one after the other on the same endpoint, are never taken for one another."""
+    and training's, one after the other on the same endpoint, are never taken for one another.
+    With capture.backend=vllm one process on node 0 sends the rows to its vLLM servers."""
+    if capture_through_vllm(s):
+        return [python(), "-m", "blockdraft.capture", *capture_overrides(s)]
     return launched(s, "blockdraft.capture", capture_overrides(s), rendezvous_id(s) + "-capture")
+
+
+def capture_through_vllm(s: PipelineSettings) -> bool:
+    """capture.backend=vllm given (the last word wins, as Hydra takes it)."""
+    said = [w.lstrip("+").partition("=")[2] for w in s.capture if w.lstrip("+").partition("=")[0] == "backend"]
+    return bool(said) and said[-1] == "vllm"
 
 
 def launched(s: PipelineSettings, module: str, overrides: List[str], rdzv_id: str) -> List[str]:

@@ -111,7 +111,8 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str,
         Stage("capture", keys.capture_inputs(s, cfgs["capture"]) if use_store else {},
               command_stage("capture", commands.stage_argv("capture", s, use_store), "rerun: it resumes at the unfinished shards, on any train.nproc"),
               lambda: (p["store"] / "index.json").is_file(), p["store"], moves=p["store"],
-              skip_reason=None if use_store else why, joined=True),  # every node's ranks capture, as they train
+              skip_reason=None if use_store else why,
+              joined=not commands.capture_through_vllm(s)),  # every node's ranks capture, as they train
         train_stage(s, cfgs["train"], use_store, records),
         Stage("export", keys.export_inputs(s, cfgs["export"]),
               command_stage("export", commands.stage_argv("export", s, use_store), "see the export's message above"),

@@ -111,6 +111,11 @@ def test_the_torchrun_launch_and_the_store_choice(target, tmp_path):
     assert "--nnodes=2" in launch and "--node_rank=1" in launch and any(w.startswith("--max-restarts=") for w in launch)
     ids = [next(w for w in argv if w.startswith("--rdzv_id=")) for argv in (on_nodes, training)]
     assert ids[0] == ids[1] + "-capture"
+    # Through vLLM, one process on node 0 drives the servers, and node 1 does not join it.
+    vllm = parse_overrides(words(tmp_path, "train.nnodes=2", "train.rdzv_endpoint=h:29500", "capture.backend=vllm"))
+    assert commands.stage_argv("capture", vllm, True)[1:3] == ["-m", "blockdraft.capture"]
+    joined = {st.name: st.joined for st in pipeline_stages(vllm, app.prepare(vllm), True, "store=true")}
+    assert joined["capture"] is False and joined["train"] is True
     one = commands.stage_argv("capture", parse_overrides(words(tmp_path)), True)
     assert one[1:3] == ["-m", "blockdraft.capture"]
     online = parse_overrides(words(tmp_path, "store=false"))

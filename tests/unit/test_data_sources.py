@@ -101,7 +101,7 @@ def test_a_folder_with_no_rows_in_it_is_refused(tmp_path):
         check_source(str(tmp_path), "data.val")
 
 
-def test_regeneration_takes_its_prompts_from_a_datasets_source(tmp_path):
+def test_regeneration_takes_its_prompts_from_a_datasets_source(tmp_path, monkeypatch):
     from blockdraft.regen.prompt_plan import source_conversations
     from blockdraft.regen.config import RegenConfig
 
@@ -112,5 +112,6 @@ def test_regeneration_takes_its_prompts_from_a_datasets_source(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
     (target / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the message of an offline machine, whatever an earlier test left set
     with pytest.raises(ConfigError, match="prompts='nobody-here/no-such-prompts'.*not in the local Hugging Face cache"):
         RegenConfig(target_dir=str(target), out=str(tmp_path / "out"), prompts="nobody-here/no-such-prompts").validate()

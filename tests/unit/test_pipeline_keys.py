@@ -97,6 +97,7 @@ KEY_SETTINGS = {
 NEUTRAL = [
     "regen.workers=7", "regen.kv_cache_gib=3", "regen.cpu_threads_bind=auto", "regen.startup_timeout_s=30",
     "regen.request_timeout_s=30", "regen.progress=true", "capture.rows_per_forward=4",
+    "capture.vllm.workers=4", "capture.vllm.request_timeout_s=30", "capture.vllm.retries=1",
     "train.log_every=3", "train.save_every=5", "train.keep_last=1", "train.progress=true", "train.max_nonfinite_steps=9",
     "train.attention_backend=sdpa", "train.activation_checkpointing=true", "train.loss_chunk_size=16",
     "distributed.target_sharding=fsdp", "wandb.project=renamed", "wandb.mode=offline", "data.cache_dir=/tmp/elsewhere",

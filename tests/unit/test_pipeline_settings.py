@@ -84,6 +84,7 @@ def test_a_changed_setting_changes_its_stage_and_the_later_ones_only(target, tmp
     changed = lambda *w: [name for name, k in keys(target, tmp_path, *w).items() if k != base[name]]  # noqa: E731
     assert changed("regen.num_train=9") == ["regen", "capture", "train", "export", "serve"]
     assert changed("capture.storage_dtype=float32") == ["capture", "train", "export", "serve"]
+    assert changed("capture.backend=vllm") == ["capture", "train", "export", "serve"]  # another engine's store
     assert changed("optim.lr=1e-3") == ["train", "export", "serve"]
     assert changed("serve.num_prompts=3") == ["serve"]
     assert changed("export.dtype=bfloat16") == ["export", "serve"]

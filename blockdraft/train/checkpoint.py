@@ -4,7 +4,8 @@ A checkpoint holds the draft (model.safetensors + draft_config.json, as export r
 them), the trainer state (optimizer, scheduler, RNG, data position, step), the
 resolved config and the record of the prompts the run trains on (training_prompts.bin),
 so a kill during a save leaves the previous checkpoint intact and `resume=auto`
-continues the same run.
+continues the same run. The files, the rename and the directory are fsynced (blockdraft/durable.py): a
+checkpoint listed after a power loss is whole.
 
 A train.draft_sharding=fsdp run keeps the draft's weights and optimizer state as every rank's
 shards under draft/ instead (sharded_checkpoint.py); the rest is the same, written by rank 0
@@ -25,7 +26,8 @@ import torch
 
 from blockdraft import faults
 from blockdraft.errors import ConfigError, DataError
-from blockdraft.integrity import checksum_problem, write_checksums
+from blockdraft.durable import fsync_dir, fsync_tree, replace_durably
+from blockdraft.integrity import CHECKSUMS_NAME, checksum_problem, write_checksums
 from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, LILICORR_KEYS
 from blockdraft.models.io import load_draft_config, save_draft, save_draft_config
 from blockdraft.models import sharded_io as shards
@@ -33,6 +35,7 @@ from blockdraft.train.training_prompts import copy_run_record
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.pt"
+OLD_SUFFIX = ".old"  # a step's previous copy while it is saved again (commit)
 
 
 def checkpoints_dir(run_dir) -> Path:
@@ -60,11 +63,8 @@ def save_checkpoint(run_dir, step: int, draft, trainer_state: dict, config_yaml:
     (tmp / "config.yaml").write_text(config_yaml)
     copy_run_record(run_dir, tmp)  # the prompts it trained on travel with the weights, to the export
     write_checksums(tmp)
-    _fsync_dir(tmp)
     faults.point("checkpoint.before_rename")
-    if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    commit(tmp, final)
     _prune(run_dir, keep_last)
     return final
 
@@ -91,13 +91,63 @@ def save_sharded_checkpoint(run_dir, step: int, draft, optimizer, trainer_state:
     (tmp / "config.yaml").write_text(config_yaml)
     copy_run_record(run_dir, tmp)
     write_checksums(tmp)  # the small files; the shards are in shard_checksums.json, hashed by their writers
-    _fsync_dir(tmp)
     faults.point("checkpoint.before_rename")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    commit(tmp, final)
     _prune(run_dir, keep_last)
     return final
+
+
+def commit(tmp: Path, final: Path) -> None:
+    """`tmp` (complete, its checksums written) becomes `final`, durably. Re-saving a step (the final save after a
+    periodic one) keeps the old copy until the new one is in place: renamed aside to step_<N>.old, the new one
+    renamed in, then the old one removed, so a kill at any moment leaves a complete copy of the step
+    (finish_interrupted_saves puts it back)."""
+    aside = final.with_name(final.name + OLD_SUFFIX)
+    fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+        faults.point("checkpoint.after_set_aside")
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def finish_interrupted_saves(run_dir) -> List[str]:
+    """What a kill mid-save left, made whole before a resume chooses (one process: rank 0, or the only one):
+    - step_<N>.old beside step_<N>: the new copy was in place; the old one goes;
+    - step_<N>.old alone: the new copy, step_<N>.tmp, is taken if its checksums verify, else the old one is put
+      back;
+    - step_<N>.tmp alone, complete (its checksums written and verified): a save killed before its rename; it
+      counts. One that does not verify is left for the next save of that step to replace.
+    Returns a line for each repair."""
+    root = checkpoints_dir(run_dir)
+    said = []
+    if not root.is_dir():
+        return said
+    for aside in sorted(root.glob(f"step_*{OLD_SUFFIX}")):
+        final = aside.with_name(aside.name[: -len(OLD_SUFFIX)])
+        tmp = final.with_name(final.name + ".tmp")
+        if (final / TRAINER_STATE).exists():
+            shutil.rmtree(aside)
+        elif _verifies(tmp):
+            replace_durably(tmp, final)
+            shutil.rmtree(aside)
+            said.append(f"{final.name}: a re-save was interrupted after its new copy was complete; the new copy kept")
+        else:
+            shutil.rmtree(final, ignore_errors=True)
+            replace_durably(aside, final)
+            said.append(f"{final.name}: a re-save was interrupted before its new copy was complete; the previous copy kept")
+    for tmp in sorted(root.glob("step_*.tmp")):
+        final = tmp.with_name(tmp.name[: -len(".tmp")])
+        if STEP_DIR.match(final.name) and not final.exists() and _verifies(tmp):
+            replace_durably(tmp, final)
+            said.append(f"{final.name}: a save was interrupted before its rename, complete and verified; it counts")
+    return said
+
+
+def _verifies(path: Path) -> bool:
+    return (path / TRAINER_STATE).exists() and (path / CHECKSUMS_NAME).exists() and not checkpoint_problem(path)
 
 
 def verify_checkpoint(path: Path, share: Optional[tuple] = None) -> None:
@@ -121,14 +171,6 @@ def checkpoint_problem(path: Path, share: Optional[tuple] = None) -> str:
     return problem
 
 
-def _fsync_dir(path: Path) -> None:
-    for f in path.iterdir():
-        if not f.is_file():
-            continue
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-
-
 def _prune(run_dir, keep_last: int) -> None:
     if keep_last < 1:
         return
@@ -150,6 +192,8 @@ def choose_resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
     if resume == "never":
         return None
     if resume in ("auto", "must"):
+        for line in finish_interrupted_saves(run_dir):
+            print(f"[train] {line}", flush=True)
         found = complete_checkpoints(run_dir)
         if found:
             return found[-1]

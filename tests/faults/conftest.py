@@ -153,14 +153,15 @@ def inspect_killed(run_dir: Path) -> tuple[list, list]:
             found.append(ckpt.name)
         except Exception as err:  # a complete-looking checkpoint that does not verify would be picked
             problems.append(f"{ckpt.name} looks complete but does not verify: {err}")
-    partial = sorted(p.name for p in (run_dir / "checkpoints").glob("*.tmp")) if (run_dir / "checkpoints").is_dir() else []
+    partial = sorted(p.name for pattern in ("*.tmp", "*.old") for p in (run_dir / "checkpoints").glob(pattern)) \
+        if (run_dir / "checkpoints").is_dir() else []
     lines = raw_metric_lines(run_dir)
     bad = [i for i, line in enumerate(lines) if not _parses(line)]
     if bad and bad != [len(lines) - 1]:
         problems.append(f"metrics.jsonl has unreadable lines other than the last: {bad}")
     survived = [f"checkpoints {', '.join(found) or 'none'}"]
     if partial:
-        survived.append(f"unfinished {', '.join(partial)} ignored")
+        survived.append(f"unfinished or set aside: {', '.join(partial)}")
     whole = len(lines) - len(bad)
     survived.append(f"{whole} metrics line{'' if whole == 1 else 's'}" + (" (+1 torn, skipped and reported)" if bad else ""))
     return survived, problems
@@ -199,7 +200,7 @@ def compare_with_reference(run_dir: Path, reference: Path, resumed_from: int) ->
                  and abs(losses[s] - ref_losses[s]) > 1e-4 * max(1.0, abs(ref_losses[s]))]
     if differing:
         problems.append(f"logged losses differ from the uninterrupted run at steps {differing}")
-    leftovers = sorted(p.name for p in (run_dir / "checkpoints").glob("*.tmp"))
+    leftovers = sorted(p.name for pattern in ("*.tmp", "*.old") for p in (run_dir / "checkpoints").glob(pattern))
     if leftovers:
         problems.append(f"half-written checkpoints left after the resume: {leftovers}")
     return f"final weights = uninterrupted run (max |diff| {diff:.1e}); {len(losses)} logged steps match", problems

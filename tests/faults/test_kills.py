@@ -35,6 +35,7 @@ KILLS = {
     "SIGKILL mid-checkpoint write (weights written, trainer state not)": ("checkpoint.after_weights@2:sleep=600", True),
     "SIGKILL after a checkpoint is written, before its rename": ("checkpoint.before_rename@2:sleep=600", False),
     "SIGKILL during the final save (the last step saved twice)": ("checkpoint.before_rename@5:sleep=600", False),
+    "SIGKILL during the final save, its old copy set aside, the new one not yet renamed": ("checkpoint.after_set_aside@1:sleep=600", False),
     "SIGKILL before the first checkpoint": ("train.after_backward@7:sleep=600", False),
 }
 

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from blockdraft import faults
 from blockdraft.build_info import build_info
+from blockdraft.durable import fsync_dir, fsync_tree
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import write_checksums
 from blockdraft.export.contract import ContractError, check_state_dict
@@ -35,6 +36,9 @@ from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import DRAFT_CONFIG_NAME, draft_state_dict, load_draft, load_draft_config
 
 EXPORT_INFO = "blockdraft_export.json"
+# In a staging directory from its creation until the export's own files mark it (EXPORT_INFO): only a directory
+# holding one of the two is this exporter's to delete.
+STAGING_MARKER = ".blockdraft_export_staging"
 DEFAULT_SHARD_SIZE = 5 * 2**30
 # Written to config.json but legitimately not read back equal (the target may raise it).
 NOT_ROUND_TRIPPED = ("max_position_embeddings", "forbidden_mask_ids", "train_mask_embedding")  # the last: mask_embedding.pt
@@ -80,12 +84,14 @@ def export_draft(
         prompts = copy_record(source, staging)
         result = verify_export(staging, draft, cfg, dtype)
         write_export_info(staging, cfg, source, dtype, target_dir, result, prompts)
+        (staging / STAGING_MARKER).unlink()  # EXPORT_INFO marks it from here on; vLLM gets no stray file
         write_checksums(staging)  # last: it covers every file above; the importer verifies them
     except Exception as err:
         failed = _keep_failed(staging, out)
         if isinstance(err, (ExportCheckError, ContractError, ConfigError)):
             raise ExportCheckError(f"{err}\nThe export was kept for inspection at {failed}; nothing under {out} changed.") from err
         raise
+    fsync_tree(staging)  # the export is on disk before its name says it is there
     faults.point("export.before_rename")
     publish(staging, out)
     return out
@@ -110,13 +116,34 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
             f"out={out} is not empty; choose a new directory, or pass overwrite=true to replace it "
             "(it is replaced only once the new export has passed its checks)."
         )
+    if out.is_dir() and any(out.iterdir()) and not written_here(out):
+        raise ConfigError(
+            f"out={out} holds files no export wrote (it has no {EXPORT_INFO}), and overwrite=true replaces only an "
+            "export; nothing was deleted. Choose a new directory for the export, or move those files away yourself."
+        )
+    staging = staging_dir(out)
+    if staging.exists() and any(staging.iterdir()) and not written_here(staging):
+        raise ConfigError(
+            f"{staging} exists and holds files no export wrote (no {STAGING_MARKER} or {EXPORT_INFO}); the export "
+            f"stages its files there. Move it away, or choose another out; nothing was deleted."
+        )
+
+
+def written_here(directory: Path) -> bool:
+    """An export, or an export's staging directory: what this exporter may replace or delete."""
+    return (directory / EXPORT_INFO).is_file() or (directory / STAGING_MARKER).is_file()
+
+
+def staging_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".tmp")
 
 
 def fresh_staging_dir(out: Path) -> Path:
-    staging = out.with_name(out.name + ".tmp")
-    # Only this exporter writes `<out>.tmp`; one left over is a killed export of the same out.
+    staging = staging_dir(out)
+    # One left over is a killed export of the same out (check_out_dir refused one that is not).
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    (staging / STAGING_MARKER).touch()
     return staging
 
 
@@ -213,10 +240,12 @@ def publish(staging: Path, out: Path) -> None:
         out.rmdir()
     if not out.exists():
         os.replace(staging, out)
+        fsync_dir(out.parent)
         return
     old = _free_name(out, ".old")
     os.replace(out, old)
     os.replace(staging, out)
+    fsync_dir(out.parent)
     shutil.rmtree(old)
 
 

@@ -76,12 +76,18 @@ def test_an_export_never_replaces_what_is_at_out(occupant, rep, tmp_path, checkp
     if litter:
         problems.append(f"a refused export left {litter}")
     if occupant != "a file":
-        export_draft(checkpoint, out, dtype="float32", overwrite=True)
-        import_draft(out)  # the replacement is whole and verifies
-        if (out / "keep.txt").exists():
-            problems.append("overwrite=true merged into the old directory instead of replacing it")
+        # overwrite=true replaces an export only: a directory of anything else is refused too, nothing deleted.
+        with pytest.raises(ConfigError, match="holds files no export wrote"):
+            export_draft(checkpoint, out, dtype="float32", overwrite=True)
+        if changed(before, tree(out)):
+            problems.append(f"overwrite=true changed a directory no export wrote: {changed(before, tree(out))}")
+        exported = tmp_path / "exported"
+        export_draft(checkpoint, exported, dtype="float32")
+        export_draft(checkpoint, exported, dtype="float32", overwrite=True)
+        import_draft(exported)  # an export replaced by one that is whole and verifies
     record(f"an export into {occupant}", f"{out.name} byte-identical; nothing written beside it"
-           + ("; overwrite=true replaced it with a verified export" if occupant != "a file" else ""),
+           + ("; overwrite=true refused there too (no blockdraft_export.json), and replaced an earlier export with "
+              "a verified one" if occupant != "a file" else ""),
            problems, seconds, "refused before writing: " + str(refused.value).split(";")[-1].strip())
     assert not problems, "\n".join(problems)
 

@@ -124,16 +124,28 @@ def test_non_empty_out_is_refused_and_left_alone(tmp_path):
     with pytest.raises(ConfigError, match="is not empty.*overwrite=true"):
         export_draft(tmp_path / "run", tmp_path / "out")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
-    export_draft(tmp_path / "run", tmp_path / "out", overwrite=True)
-    assert (tmp_path / "out/config.json").exists() and not (tmp_path / "out/keep.txt").exists()
+    # overwrite=true replaces an export, never a directory of anything else: refused, nothing deleted.
+    with pytest.raises(ConfigError, match="holds files no export wrote.*nothing was deleted"):
+        export_draft(tmp_path / "run", tmp_path / "out", overwrite=True)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+    export_draft(tmp_path / "run", tmp_path / "new")
+    export_draft(tmp_path / "run", tmp_path / "new", overwrite=True)  # an export: replaced
+    assert (tmp_path / "new/config.json").exists() and not (tmp_path / "new.tmp").exists()
+    assert not (tmp_path / "new" / ".blockdraft_export_staging").exists()
+    # A staging directory the exporter did not make is not deleted either.
+    (tmp_path / "other.tmp").mkdir()
+    (tmp_path / "other.tmp/notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="other.tmp exists and holds files no export wrote"):
+        export_draft(tmp_path / "run", tmp_path / "other")
+    assert (tmp_path / "other.tmp/notes.txt").read_text() == "mine"
 
 
 def test_failed_check_keeps_the_export_aside_and_names_the_tensor(tmp_path, monkeypatch):
     import blockdraft.export.writer as writer
 
     make_run(tmp_path / "run", "dflash2")
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out/keep.txt").write_text("mine")
+    export_draft(tmp_path / "run", tmp_path / "out")  # an earlier export, which the failed one must leave alone
+    earlier = sorted(p.name for p in (tmp_path / "out").iterdir())
     real = writer.draft_state_dict
 
     def corrupt(draft, dtype=None):
@@ -144,7 +156,7 @@ def test_failed_check_keeps_the_export_aside_and_names_the_tensor(tmp_path, monk
     monkeypatch.setattr(writer, "draft_state_dict", corrupt)
     with pytest.raises(ExportCheckError, match="layers.1.mlp_conv.base_kernel"):
         export_draft(tmp_path / "run", tmp_path / "out", overwrite=True)
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == earlier
     assert (tmp_path / "out.failed/config.json").exists() and not (tmp_path / "out.tmp").exists()
 
 

@@ -53,13 +53,35 @@ def split_is_complete(manifest: dict, out: Path, name: str, split: PromptSplit) 
     record = manifest.get("splits", {}).get(name, {})
     same_prompts = record.get("prompts") == len(split.conversations) and record.get("source_positions") == [
         split.first_source_position, split.end_source_position]
-    return bool(record.get("complete")) and same_prompts and (out / f"{name}.jsonl").is_file()
+    if not (record.get("complete") and same_prompts):
+        return False
+    problem = merged_file_problem(out / f"{name}.jsonl", record)
+    if problem:  # torn by a power loss or edited: merged again from the answered parts, nothing asked twice
+        print(f"[regen] {name}: {problem}; it is written again from {out / 'parts' / name}", flush=True)
+    return not problem
+
+
+def merged_file_problem(path: Path, record: dict) -> str:
+    """'' when the split's file is the one its record describes (its sha256; a record from before digests were
+    kept is checked by its row count)."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    if record.get("sha256"):
+        import hashlib
+
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
+                hashlib.sha256(fh.read()).hexdigest()
+        return "" if digest == record["sha256"] else f"{path.name} is not the file regen wrote (its sha256 differs)"
+    with open(path, "rb") as fh:
+        lines = sum(1 for line in fh if line.strip())
+    return "" if lines == record.get("rows") else f"{path.name} holds {lines} rows, regen wrote {record.get('rows')}"
 
 
 def write_manifest(out: Path, manifest: dict) -> None:
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, out / MANIFEST)
+    from blockdraft.durable import write_json
+
+    write_json(out / MANIFEST, manifest)
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -154,11 +176,11 @@ def _run_split(cfg: RegenConfig, name: str, split: PromptSplit, answering, setti
     rejects.clear()  # this run tries them again
     stats = regenerate_rows(split.conversations, store, answering, settings, cfg.max_turns, cfg.retries,
                             cfg.retry_backoff_s, f"regenerate {name}", cfg.progress, rejects)
-    rows = store.merge(out / f"{name}.jsonl")
+    rows, digest = store.merge(out / f"{name}.jsonl")
     print(f"[regen] {name}: {rows} rows in {out / (name + '.jsonl')}; this run {stats.tokens} tokens in "
           f"{stats.seconds:.0f} s ({stats.tokens_per_s:.0f} tokens/s), {stats.cut_at_max_tokens} replies cut at max_tokens"
           + (f", {stats.rejects} prompts rejected" if stats.rejects else ""))
-    return {**_split_record(split), "rows": rows, "rejects": stats.rejects, "complete": stats.rejects == 0,
+    return {**_split_record(split), "rows": rows, "sha256": digest, "rejects": stats.rejects, "complete": stats.rejects == 0,
             "last_run": {**asdict(stats), "tokens_per_s": stats.tokens_per_s}}
 
 

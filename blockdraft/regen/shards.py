@@ -3,10 +3,11 @@ and a rerun resumes from the indices already there."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Tuple
 
 
 def done_indices(path: Path) -> set:
@@ -78,18 +79,25 @@ class ShardedRows:
     def rows(self) -> List[dict]:
         return list(self.iter_rows())
 
-    def merge(self, out_path) -> int:
-        """Write every row, ordered by prompt index, to `out_path` (tmp + rename); returns the count."""
+    def merge(self, out_path) -> Tuple[int, str]:
+        """Write every row, ordered by prompt index, to `out_path` (tmp, fsync, rename, fsync the directory);
+        returns the count and the file's sha256, which the split's record keeps so that a reuse can check it."""
+        from blockdraft.durable import fsync_dir
+
         out_path = Path(out_path)
         tmp = out_path.with_name(out_path.name + ".tmp")
-        count = 0
-        with open(tmp, "w") as fh:
+        count, digest = 0, hashlib.sha256()
+        with open(tmp, "w", encoding="utf-8") as fh:
             for shard in self.shards():
                 for _, line in sorted(_shard_lines(shard).items()):
                     fh.write(line + "\n")
+                    digest.update((line + "\n").encode())
                     count += 1
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, out_path)
-        return count
+        fsync_dir(out_path.parent)
+        return count, digest.hexdigest()
 
 
 def _shard_lines(shard: Path) -> Dict[int, str]:

@@ -134,6 +134,14 @@ def test_a_tiny_run_writes_disjoint_splits_resumes_and_skips_what_is_complete(ti
     capsys.readouterr()
     run_regen(tiny_config(tiny_target, tmp_path / "regen"))
     assert capsys.readouterr().out.count("already complete") == 2 and answered == []
+    # A train.jsonl torn after it was recorded complete (a power loss, a full disk, an edit) is found on the next
+    # run and written again from the answered parts: the same rows, no prompt asked twice.
+    whole = (out / "train.jsonl").read_bytes()
+    (out / "train.jsonl").write_bytes(whole[: len(whole) // 2])
+    run_regen(tiny_config(tiny_target, tmp_path / "regen"))
+    said = capsys.readouterr().out
+    assert "train: train.jsonl is not the file regen wrote (its sha256 differs)" in said and answered == []
+    assert (out / "train.jsonl").read_bytes() == whole
     # A larger training split answers only its new prompts; the held-out range moves after it,
     # so its old rows (now training prompts) are discarded, never mixed in.
     run_regen(tiny_config(tiny_target, tmp_path / "regen", num_train=5))

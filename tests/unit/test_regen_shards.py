@@ -36,7 +36,7 @@ def test_merge_orders_rows_by_index_and_replaces_the_file_whole(tmp_path):
         store.append(row(i, text=f"t{i}"))
     out = tmp_path / "train.jsonl"
     out.write_text("old\n")
-    assert store.merge(out) == 3
+    assert store.merge(out)[0] == 3
     assert [json.loads(line)["generation"]["index"] for line in out.read_text().splitlines()] == [0, 1, 2]
     assert not (tmp_path / "train.jsonl.tmp").exists()
 
@@ -106,7 +106,7 @@ def test_the_merge_holds_one_shard_in_memory_not_the_split(tmp_path):
     out = tmp_path / "train.jsonl"
     tracemalloc.start()
     try:
-        assert store.merge(out) == 1000
+        assert store.merge(out)[0] == 1000
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

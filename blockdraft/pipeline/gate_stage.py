@@ -5,12 +5,11 @@ failure stops the run with the verdict and the fix."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 from blockdraft.pipeline import commands, keys
-from blockdraft.pipeline.process import StageFailed, run_command, say
+from blockdraft.pipeline.process import StageFailed, readable_result, run_command, say
 from blockdraft.pipeline.runner import Stage
 from blockdraft.pipeline.settings import PipelineSettings
 
@@ -36,13 +35,17 @@ def gate_stage(s: PipelineSettings, cfgs: dict) -> Stage:
     def run() -> bool:
         p["gate"].unlink(missing_ok=True)  # a verdict left from an earlier run must not pass for this one
         code = run_command(commands.stage_argv("gate", s, True))
-        if not p["gate"].is_file():
-            raise StageFailed("gate", code, "it reached no verdict: fix what it says above, then rerun the same command")
+        verdict = readable_result(p["gate"])
+        # Done only with a readable verdict its exit status agrees with (0 passed, 1 failed): a crash after a
+        # verdict, or a verdict torn by a full disk, is not a result to cache.
+        if verdict is None or code != (0 if verdict.get("passed") else 1):
+            raise StageFailed("gate", code, "it reached no readable verdict: fix what it says above, then rerun the "
+                                            "same command")
         return True
 
     gate = cfgs["gate"]
     inputs = keys.gate_inputs(s, gate, gate_training(gate), target_fingerprint(s.target), serving_stack(gate))
-    return Stage("gate", inputs, run, lambda: p["gate"].is_file(), p["gate"], moves=p["gate"].parent)
+    return Stage("gate", inputs, run, lambda: readable_result(p["gate"]) is not None, p["gate"], moves=p["gate"].parent)
 
 
 def serving_stack(gate_cfg) -> Optional[dict]:
@@ -80,7 +83,9 @@ def gate_verdict(s: PipelineSettings) -> None:
     if not s.gate:
         return
     path = s.paths()["gate"]
-    verdict = json.loads(path.read_text())
+    verdict = readable_result(path)
+    if verdict is None:  # present() is what cached it: a verdict damaged since is the gate's to run again
+        raise GateFailed(f"the gate's verdict {path} is unreadable; rerun with force=[gate]")
     if verdict.get("passed"):
         say(f"gate: passed ({verdict.get('engine')}: serving accepted {verdict.get('mean_acceptance_length', 0):.2f} "
             f"of a perfect draft's {verdict.get('perfect_acceptance_length') or 0:.2f} on the sample); the long stages follow")

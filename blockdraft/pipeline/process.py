@@ -84,3 +84,15 @@ def command_stage(name: str, argv: List[str], fix: str) -> Callable[[], bool]:
         return True
 
     return run
+
+
+def readable_result(path: Path) -> Optional[dict]:
+    """A stage's result file (a verdict, a report) as a dict; None when it is missing or unreadable (torn by a
+    full disk, or cut short): such a stage is not done, and its rerun writes the file again."""
+    import json
+
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -3,14 +3,13 @@ and the feature store choice, made once per `out`."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
 from typing import List, Optional
 
 from blockdraft.pipeline import commands, keys
-from blockdraft.pipeline.process import StageFailed, command_stage, run_command, say
+from blockdraft.pipeline.process import StageFailed, command_stage, readable_result, run_command, say
 from blockdraft.pipeline.records import StageRecords
 from blockdraft.pipeline.runner import NodeZeroFailed, Stage
 from blockdraft.pipeline.settings import PipelineSettings
@@ -96,10 +95,15 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str,
     def serve() -> bool:
         p["report"].unlink(missing_ok=True)  # a report left from an earlier run must not pass for this one
         code = run_command(commands.stage_argv("serve", s, use_store))
-        if not p["report"].is_file():
-            raise StageFailed("serve", code, f"see the vLLM logs under {p['report'].parent}")
+        report = readable_result(p["report"])
+        if report is None:
+            raise StageFailed("serve", code, f"it wrote no readable report; see the vLLM logs under {p['report'].parent}")
         # A finished check is cached even when it failed (the report says why); a stopped one is not.
-        return not json.loads(p["report"].read_text()).get("incomplete", True)
+        if report.get("incomplete", True):
+            return False
+        if code not in (0, 1):  # a finished report, then a crash: not a result to cache
+            raise StageFailed("serve", code, f"it exited {code} after its report; see the vLLM logs under {p['report'].parent}")
+        return True
 
     regen = (given_stage(s, cfgs) if s.rows else
              Stage("regen", keys.regen_inputs(s, cfgs["regen"], target_fingerprint(s.target)),
@@ -117,7 +121,7 @@ def pipeline_stages(s: PipelineSettings, cfgs: dict, use_store: bool, why: str,
         Stage("export", keys.export_inputs(s, cfgs["export"]),
               command_stage("export", commands.stage_argv("export", s, use_store), "see the export's message above"),
               lambda: (p["export"] / "config.json").is_file(), p["export"], moves=p["export"]),
-        Stage("serve", keys.serve_inputs(s, cfgs["serve"]), serve, lambda: p["report"].is_file(), p["report"],
+        Stage("serve", keys.serve_inputs(s, cfgs["serve"]), serve, lambda: readable_result(p["report"]) is not None, p["report"],
               moves=p["report"].parent),
     ]
     if use_store:

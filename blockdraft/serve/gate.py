@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from blockdraft.durable import write_json
 from blockdraft.build_info import build_info
 from blockdraft.errors import ConfigError
 from blockdraft.serve.gate_response import DATA_NAME, PROMPT_NAME, Sample, make_sample, read_sample
@@ -393,7 +394,7 @@ def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served, ceilings: 
         "warnings": served.warnings,
         **build_info(),
     }
-    (out / VERDICT_NAME).write_text(json.dumps(verdict, indent=2) + "\n")
+    write_json(out / VERDICT_NAME, verdict)  # whole or not at all: a pipeline caches it as the gate's result
     return verdict
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, TextIO, Tuple
 
+from blockdraft.durable import write_json
 from blockdraft.build_info import build_info
 from blockdraft.machine import describe
 from blockdraft.serve import paired_interval
@@ -253,7 +254,7 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / REPORT_NAME
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(path, report)  # whole or not at all: a pipeline caches it as the serve stage's result
     if report.get("acceptance_per_position"):
         plot_acceptance(report["acceptance_per_position"], report["cumulative_acceptance_length"], out / PLOT_NAME)
     return path

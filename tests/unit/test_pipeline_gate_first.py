@@ -123,3 +123,30 @@ def test_the_gate_serves_on_the_serve_stage_s_engine_and_interpreter(target, tmp
     assert "engine=reference" in gate and "vllm_python=/opt/v/bin/python" in gate
     s = parse_overrides(words(tmp_path, "gate=true", "serve.engine=reference", "gate.engine=vllm"))
     assert commands.gate_words(s)[-1] == "engine=vllm"  # the gate's own key wins
+
+
+def test_a_torn_verdict_is_never_cached_and_is_found_on_the_next_run(target, serving, tmp_path, monkeypatch, capsys):
+    commands = Commands(monkeypatch, PASSED)
+    real = commands.run
+
+    def torn(argv, log=None):  # a full disk: the verdict cut short, the gate's status still 0
+        code = real(argv, log)
+        if argv[argv.index("-m") + 1] == "blockdraft.serve.gate":
+            verdict = next(REPO / w.split("=", 1)[1] for w in argv if w.startswith("out=")) / "gate.json"
+            verdict.write_text(verdict.read_text()[:20])
+        return code
+
+    monkeypatch.setattr(gate_stage, "run_command", torn)
+    assert app.main(words(tmp_path, "gate=true")) == 1
+    assert "it reached no readable verdict" in capsys.readouterr().err
+    assert json.loads((tmp_path / "stages.json").read_text())["gate"]["done"] is False
+    # A verdict torn after it was recorded (the disk, a copy): the next run finds it unreadable and runs the gate again.
+    monkeypatch.setattr(gate_stage, "run_command", real)
+    with pytest.raises(Commands.Reached, match="blockdraft.regen"):
+        app.main(words(tmp_path, "gate=true"))
+    verdict = next(tmp_path.rglob("gate.json"))
+    verdict.write_text("{")
+    commands.ran.clear()
+    with pytest.raises(Commands.Reached, match="blockdraft.regen"):
+        app.main(words(tmp_path, "gate=true"))
+    assert commands.ran == ["blockdraft.serve.gate", "blockdraft.regen"]

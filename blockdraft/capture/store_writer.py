@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Set
 import torch
 from safetensors.torch import save_file
 
+from blockdraft.durable import fsync_file, write_json
 from blockdraft.data.feature_store import INDEX_NAME, STORE_FORMAT, FeatureStore, identity_differences
 from blockdraft.data.store_integrity import seal_split
 from blockdraft.errors import ConfigError, DataError
@@ -133,16 +134,14 @@ def write_shard(root: Path, name: str, number: int, rows: List[dict], storage_dt
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
+    fsync_file(tmp)  # its receipt (below) fsyncs the directory, and with it this rename
     os.replace(tmp, path)
     stat = path.stat()
     # Its writer hashes it, and records the size and time it hashed: sealing the split trusts those (no rank
     # re-reads a terabyte store behind a barrier) unless the file changed since.
     shard = {"file": rel, "rows": len(rows), "tokens": int(tensors["input_ids"].numel()), "sha256": sha256_of(path),
              "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    receipt = receipt_path(root, name, number)
-    tmp = receipt.with_name(receipt.name + ".tmp")
-    tmp.write_text(json.dumps(shard) + "\n")
-    os.replace(tmp, receipt)
+    write_json(receipt_path(root, name, number), shard, indent=None)
     return shard
 
 

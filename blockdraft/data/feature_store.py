@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -73,7 +72,8 @@ class FeatureStore:
         try:
             index = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise DataError(f"{path} is not valid JSON ({e}); capture the store again.") from None
+            raise DataError(f"{path} is not valid JSON ({e}): torn or edited; capture the store again "
+                            f"(python -m blockdraft.capture <its overrides> out={root} overwrite=true).") from None
         if index.get("format") != STORE_FORMAT:
             raise ConfigError(f"{path}: store format {index.get('format')!r}, this blockdraft reads {STORE_FORMAT}; capture it again.")
         return cls(root, index)
@@ -98,10 +98,9 @@ class FeatureStore:
 
     # --- the index (written by the capture, capture/store_writer.py) -------------------
     def write_index(self) -> None:
-        path = self.root / INDEX_NAME
-        tmp = path.with_name(INDEX_NAME + ".tmp")
-        tmp.write_text(json.dumps(self.index, indent=2) + "\n")
-        os.replace(tmp, path)
+        from blockdraft.durable import write_json
+
+        write_json(self.root / INDEX_NAME, self.index)  # it lists finished splits: on the disk before it says so
 
     def verify(self, name: str) -> None:
         """Every shard of a split present and as the capture sealed it: sizes, times and the recorded digest

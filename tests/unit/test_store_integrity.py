@@ -126,3 +126,12 @@ def test_sealing_trusts_the_writers_hash_and_rehashes_only_a_shard_changed_since
     with pytest.raises(DataError, match="changed after it was written"):
         store_writer.list_shards(store, "train")
     assert hashes == [path.name]
+
+
+def test_a_torn_index_is_named_with_the_fix_on_the_next_open(tmp_path):
+    from blockdraft.data.feature_store import FeatureStore
+    from blockdraft.errors import DataError
+
+    (tmp_path / "index.json").write_text('{"format": 1, "identity": {"tar')  # a power loss mid-write of another writer
+    with pytest.raises(DataError, match=r"index.json is not valid JSON .*torn or edited; capture the store again .*overwrite=true"):
+        FeatureStore.open(tmp_path)

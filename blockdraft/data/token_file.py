@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from blockdraft.durable import fsync_dir, fsync_tree
 from blockdraft.data.rows import RejectReport
 from blockdraft.machine import pid_alive
 
@@ -85,8 +86,10 @@ class TokenFileWriter:
         manifest = {"format": self.format, "key": self.key, "tokens": self.tokens, "documents": self.documents,
                     "report": report.to_dict()}
         (self.tmp / MANIFEST).write_text(json.dumps(manifest))
+        fsync_tree(self.tmp)  # the manifest too: the folder's name says it is complete only once it is on disk
         try:
             os.rename(self.tmp, self.final)
+            fsync_dir(self.final.parent)
         except OSError:  # another writer (another node on a shared folder) got there first: its file is ours
             if read_manifest(self.final, self.key, self.format) is None:
                 _move_aside_and_remove(self.final)

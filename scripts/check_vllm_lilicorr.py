@@ -94,7 +94,7 @@ def main():
         problems.append("coverage: a file without a head tensor was not refused")
 
     prepare_for_compute(model, vllm_config)
-    inputs = torch.load(args.inputs)
+    inputs = torch.load(args.inputs, weights_only=True)  # tensors only: a file of ours, never code
     with torch.no_grad(), set_current_vllm_config(vllm_config):
         scores = head(inputs["token_embeddings"], inputs["candidate_log_probs"], inputs["pass_hidden"],
                       inputs["anchor_hidden"], inputs["anchor_valid"])

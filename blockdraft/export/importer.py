@@ -81,6 +81,10 @@ def weight_files(directory: Path) -> List[Path]:
     index = directory / INDEX_NAME
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        outside = [s for s in shards if not _inside(directory, s)]
+        if outside:
+            raise ConfigError(f"{index} names weight files outside {directory}: {outside}; a draft's shards are files "
+                              "of its own directory: re-export the draft.")
         missing = [s for s in shards if not (directory / s).is_file()]
         if missing or not shards:
             raise ConfigError(
@@ -95,6 +99,14 @@ def weight_files(directory: Path) -> List[Path]:
         f"{directory} has neither {WEIGHTS_NAME} nor {INDEX_NAME} (it holds {found}); "
         "export the draft's weights as safetensors under one of those names."
     )
+
+
+def _inside(directory: Path, name) -> bool:
+    """A shard name the index may give: a relative path that stays within the draft's directory."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute():
+        return False
+    root = directory.resolve()
+    return (root / name).resolve().is_relative_to(root)
 
 
 def with_mask_embedding(directory: Path, cfg: DraftModelConfig) -> bool:

@@ -17,6 +17,7 @@ from typing import Dict, Optional
 
 import torch.distributed as dist
 
+from blockdraft.models.dcp_metadata import check_dcp_metadata
 from blockdraft.errors import DataError
 from blockdraft.integrity import sha256_of
 
@@ -73,6 +74,7 @@ def read_shards(checkpoint: Path, draft, optimizer=None) -> None:
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(draft, optimizer)
     with _one_process_quietly():
+        check_dcp_metadata(Path(checkpoint) / SHARDS_DIR)  # before DCP unpickles it
         dcp.load(state, checkpoint_id=str(Path(checkpoint) / SHARDS_DIR), no_dist=not _distributed())
     set_model_state_dict(draft, state["model"])
     if optimizer is not None:
@@ -83,6 +85,7 @@ def stored_shapes(checkpoint: Path) -> Dict[str, tuple]:
     """{name: shape} of the draft's tensors as DCP's metadata records them (whole, not per shard)."""
     from torch.distributed.checkpoint import FileSystemReader
 
+    check_dcp_metadata(Path(checkpoint) / SHARDS_DIR)  # before DCP unpickles it
     meta = FileSystemReader(str(Path(checkpoint) / SHARDS_DIR)).read_metadata().state_dict_metadata
     return {key[len("model."):]: tuple(m.size) for key, m in meta.items() if key.startswith("model.") and hasattr(m, "size")}
 
@@ -94,6 +97,7 @@ def check_shards_present(checkpoint: Path) -> None:
 
     root = Path(checkpoint) / SHARDS_DIR
     needed: Dict[str, int] = {}
+    check_dcp_metadata(root)  # before DCP unpickles it
     for info in FileSystemReader(str(root)).read_metadata().storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     for name, size in sorted(needed.items()):

@@ -71,12 +71,15 @@ def test_a_missing_or_corrupt_shard_is_named_before_resuming(run):
         ckpt.find_resume_checkpoint(run_dir, "auto")
 
 
-def test_a_torn_sharded_save_is_never_a_checkpoint(run):
+def test_a_sharded_save_killed_before_its_rename_counts_only_when_complete(run):
     run_dir, path, _, _ = run
     torn = path.with_name("step_9.tmp")
     path.rename(torn)  # the shards all written, the rename to step_9 never done
+    (torn / "checksums.json").rename(torn / "checksums.later")  # as if killed before rank 0's last file
     assert ckpt.complete_checkpoints(run_dir) == []
     assert ckpt.find_resume_checkpoint(run_dir, "auto") is None
+    (torn / "checksums.later").rename(torn / "checksums.json")  # complete: every shard and file verifies
+    assert ckpt.find_resume_checkpoint(run_dir, "auto") == run_dir / "checkpoints" / "step_9"
 
 
 def test_sharding_choices_refused_before_anything_loads(tmp_path):
@@ -90,3 +93,28 @@ def test_sharding_choices_refused_before_anything_loads(tmp_path):
     with pytest.raises(ConfigError, match="resume it with train.draft_sharding=ddp"):
         ckpt.check_resume_sharding(ddp_ckpt, "fsdp", 2)
     ckpt.check_resume_sharding(ddp_ckpt, "fsdp", 1)  # one process holds the plain draft: it reads model.safetensors
+
+
+class _RunsCode:
+    """What a crafted .metadata holds: unpickling it calls a function of its choice."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_a_crafted_metadata_is_refused_before_dcp_unpickles_it(run, monkeypatch):
+    import os
+    import pickle
+
+    _, path, draft, optimizer = run
+    ckpt.verify_checkpoint(path)  # DCP's own metadata passes the vetting
+    (path / "draft" / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
+    called = []
+    monkeypatch.setattr(os, "system", lambda command: called.append(command))
+    for read in (lambda: sharded_io.stored_shapes(path), lambda: sharded_io.read_shards(path, draft, optimizer),
+                 lambda: sharded_io.check_shards_present(path)):
+        with pytest.raises(DataError, match=r"\.metadata asks to build posix\.system.*not loaded"):
+            read()
+    assert called == []

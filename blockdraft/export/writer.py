@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 import torch
 from safetensors.torch import save_file
 
+from blockdraft.disk_full import disk_full, is_disk_full
 from blockdraft import faults
 from blockdraft.build_info import build_info
 from blockdraft.durable import fsync_dir, fsync_tree
@@ -87,6 +88,10 @@ def export_draft(
         (staging / STAGING_MARKER).unlink()  # EXPORT_INFO marks it from here on; vLLM gets no stray file
         write_checksums(staging)  # last: it covers every file above; the importer verifies them
     except Exception as err:
+        if is_disk_full(err):  # nothing to inspect in a cut-short copy: its space is freed instead
+            shutil.rmtree(staging, ignore_errors=True)
+            raise disk_full(err, f"the export staged at {staging}", f"it was removed and nothing under {out} changed",
+                            "rerun the same export") from None
         failed = _keep_failed(staging, out)
         if isinstance(err, (ExportCheckError, ContractError, ConfigError)):
             raise ExportCheckError(f"{err}\nThe export was kept for inspection at {failed}; nothing under {out} changed.") from err

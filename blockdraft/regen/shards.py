@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
+from blockdraft.disk_full import disk_full, is_disk_full
+
 
 def done_indices(path: Path) -> set:
     done = set()
@@ -54,11 +56,18 @@ class ShardedRows:
     def append(self, row: dict) -> None:
         path = self.shard_path(row["generation"]["index"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as fh:
-            if path not in self._mended:
-                self._mend(path, fh)
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
+        try:
+            with open(path, "a") as fh:
+                if path not in self._mended:
+                    self._mend(path, fh)
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+        except OSError as err:
+            if not is_disk_full(err):
+                raise
+            # A line cut short is skipped when read and ended before the next append (_mend): the rows before it stay.
+            raise disk_full(err, f"a row to {path}", "every row answered before it is kept",
+                            "rerun the same command, which resumes after them") from None
 
     def _mend(self, path: Path, fh) -> None:
         """A kill mid-write leaves a torn last line: end it, or the next row would be glued onto it and lost too."""
@@ -87,14 +96,21 @@ class ShardedRows:
         out_path = Path(out_path)
         tmp = out_path.with_name(out_path.name + ".tmp")
         count, digest = 0, hashlib.sha256()
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for shard in self.shards():
-                for _, line in sorted(_shard_lines(shard).items()):
-                    fh.write(line + "\n")
-                    digest.update((line + "\n").encode())
-                    count += 1
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                for shard in self.shards():
+                    for _, line in sorted(_shard_lines(shard).items()):
+                        fh.write(line + "\n")
+                        digest.update((line + "\n").encode())
+                        count += 1
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            if not is_disk_full(err):
+                raise
+            raise disk_full(err, str(out_path), f"every answered row is kept in {self.directory}",
+                            "rerun the same command, which writes it again from them") from None
         os.replace(tmp, out_path)
         fsync_dir(out_path.parent)
         return count, digest.hexdigest()

@@ -24,6 +24,7 @@ from typing import List, Optional
 
 import torch
 
+from blockdraft.disk_full import disk_full, is_disk_full
 from blockdraft import faults
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.durable import fsync_dir, fsync_tree, replace_durably
@@ -56,17 +57,31 @@ def save_checkpoint(run_dir, step: int, draft, trainer_state: dict, config_yaml:
     final = root / f"step_{step}"
     tmp = root / f"step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_draft(tmp, draft)
-    faults.point("checkpoint.after_weights")
-    torch.save(trainer_state, tmp / TRAINER_STATE)
-    (tmp / "config.yaml").write_text(config_yaml)
-    copy_run_record(run_dir, tmp)  # the prompts it trained on travel with the weights, to the export
-    write_checksums(tmp)
-    faults.point("checkpoint.before_rename")
-    commit(tmp, final)
+    try:
+        tmp.mkdir(parents=True)
+        save_draft(tmp, draft)
+        faults.point("checkpoint.after_weights")
+        torch.save(trainer_state, tmp / TRAINER_STATE)
+        (tmp / "config.yaml").write_text(config_yaml)
+        copy_run_record(run_dir, tmp)  # the prompts it trained on travel with the weights, to the export
+        write_checksums(tmp)
+        faults.point("checkpoint.before_rename")
+        commit(tmp, final)
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        raise _save_failed(err, run_dir, tmp, final) from None
     _prune(run_dir, keep_last)
     return final
+
+
+def _save_failed(err: OSError, run_dir, tmp: Path, final: Path) -> Exception:
+    """A full disk mid-save: the partial copy removed (its space freed), and what is intact said."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    kept = [p.name for p in complete_checkpoints(run_dir)]
+    return disk_full(err, f"checkpoint {final}",
+                     f"the partial copy was removed and the checkpoints before it are intact ({', '.join(kept) or 'none yet'})",
+                     "rerun the same command with resume=auto (a lower train.keep_last keeps fewer checkpoints)")
 
 
 def save_sharded_checkpoint(run_dir, step: int, draft, optimizer, trainer_state: dict, config_yaml: str, keep_last: int,

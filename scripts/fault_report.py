@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reliability_rows import GUARANTEES  # noqa: E402  (beside this script)
 USAGE = "usage: python scripts/fault_report.py <faults.jsonl> [<out.md>, default docs/reliability.md]"
 COMMAND = "make test-faults"
 EXPANDED = ('BLOCKDRAFT_FAULT_LOG=.cache/faults.jsonl BLOCKDRAFT_FAULT_REPEAT=3 .venv/bin/python -m pytest tests/faults -m ""'
@@ -60,7 +62,7 @@ def machine() -> str:
 
 
 def aggregate(rows: list) -> dict:
-    """{section: [(fault, injections, survived, lost, recovery text, how)]} in the order first seen."""
+    """{section: [(fault, injections, survived, lost, recovery text, how, test)]} in the order first seen."""
     faults: dict = {}
     for row in rows:
         faults.setdefault(row["fault"], []).append(row)
@@ -73,8 +75,13 @@ def aggregate(rows: list) -> dict:
         recovery = f"{statistics.median(seconds):.1f}" + (f" (max {max(seconds):.1f})" if len(seconds) > 1 else "")
         table.setdefault(section, []).append(
             (fault, sum(r["injections"] for r in runs), "<br>".join(_cell(s) for s in survived),
-             "<br>".join(_cell(x) for x in lost) or "nothing", recovery, _cell(runs[0]["how"])))
+             "<br>".join(_cell(x) for x in lost) or "nothing", recovery, _cell(runs[0]["how"]), test_name(runs[0]["test"])))
     return table
+
+
+def test_name(nodeid: str) -> str:
+    """The test a row comes from, as `file::function` (its parameters dropped: they are the row's fault)."""
+    return f"`{nodeid.split('[')[0]}`"
 
 
 def _cell(text: str) -> str:
@@ -109,8 +116,14 @@ def render(rows: list, summary: dict, date: str) -> str:
         "uninterrupted run's weights (rtol 1e-4) and losses.",
     ]
     for section, faults in table.items():
-        out += ["", f"## {section}", "", "| fault | injected | what survived | lost | recovery s | recovery |", "|---|---|---|---|---|---|"]
-        out += [f"| {f} | {n} | {s} | {lost_} | {r} | {how} |" for f, n, s, lost_, r, how in faults]
+        out += ["", f"## {section}", "", "| fault | injected | what survived | lost | recovery s | recovery | test |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {f} | {n} | {s} | {lost_} | {r} | {how} | {test} |" for f, n, s, lost_, r, how, test in faults]
+    out += ["", "## Held by `make test`", "",
+            "Guarantees whose tests are fast enough for every change, so they run in `make test` rather than in this suite",
+            "(scripts/reliability_rows.py names them; tests/unit/test_reliability_rows.py checks that each test exists).",
+            "", "| guarantee | test |", "|---|---|"]
+    out += [f"| {_cell(what)} | `{test}` |" for what, test in GUARANTEES]
     return "\n".join(out) + "\n"
 
 

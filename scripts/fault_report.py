@@ -119,9 +119,9 @@ def render(rows: list, summary: dict, date: str) -> str:
         out += ["", f"## {section}", "", "| fault | injected | what survived | lost | recovery s | recovery | test |",
                 "|---|---|---|---|---|---|---|"]
         out += [f"| {f} | {n} | {s} | {lost_} | {r} | {how} | {test} |" for f, n, s, lost_, r, how, test in faults]
-    out += ["", "## Held by `make test`", "",
-            "Guarantees whose tests are fast enough for every change, so they run in `make test` rather than in this suite",
-            "(scripts/reliability_rows.py names them; tests/unit/test_reliability_rows.py checks that each test exists).",
+    out += ["", "## Held outside the fault suite", "",
+            "Guarantees whose tests run in `make test` (or, where the row says so, `make test-slow`) rather than in this",
+            "suite (scripts/reliability_rows.py names them; tests/unit/test_reliability_rows.py checks that each test exists).",
             "", "| guarantee | test |", "|---|---|"]
     out += [f"| {_cell(what)} | `{test}` |" for what, test in GUARANTEES]
     return "\n".join(out) + "\n"

@@ -1,5 +1,6 @@
 """The guarantees docs/reliability.md lists beside the fault suite's own rows: each is held by a test of `make test`
-(fast enough to run on every change, so it is not in tests/faults), named here so the page says which.
+(fast enough to run on every change, so it is not in tests/faults; `make test-slow` where the row says so), named here
+so the page says which.
 tests/unit/test_reliability_rows.py checks that every test named here exists."""
 
 from __future__ import annotations
@@ -32,6 +33,6 @@ GUARANTEES = [
      "tests/unit/test_importer_shard_names.py::test_an_index_naming_a_file_outside_the_draft_is_refused"),
     ("a capture by shard over ranks with unequal shares never leaves a rank in an all-gather alone, and equals one process's",
      "tests/integration/test_capture_by_shard.py::test_two_ranks_holding_the_target_by_shard_capture_what_one_process_does"),
-    ("a capture through vLLM killed mid-way leaves no server running and resumes with nothing lost or doubled",
+    ("a capture through vLLM killed mid-way leaves no server running and resumes with nothing lost or doubled (make test-slow)",
      "tests/integration/test_capture_vllm_store.py::test_a_capture_through_vllm_killed_mid_way_leaves_no_server_and_resumes"),
 ]

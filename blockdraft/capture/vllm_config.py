@@ -20,6 +20,7 @@ CAPTURE_FLAGS = {
     "--max-model-len": "data.seq_length", "--speculative-config": "nothing: the capture runs extract_hidden_states",
     "--kv-transfer-config": "nothing: the capture runs its own connector",
     "--enable-prefix-caching": "nothing: a prefix-cache hit would skip the tokens whose states are wanted",
+    "--api-key": "nothing: the capture's own servers listen on loopback only, and a key there would lock the capture out",
     "--max-logprobs": "train.teacher_top_k", "--dtype": "compute_dtype (on a GPU; vLLM on CPU runs float32)", "--logprobs-mode": "nothing: the capture asks for raw logits",
 }
 

@@ -26,6 +26,7 @@ REGEN_FLAGS = {
     "--model": "target_dir=", "--host": "nothing: regen serves on loopback", "--port": "nothing: each server gets a free port",
     "--tensor-parallel-size": "tensor_parallel_size=", "-tp": "tensor_parallel_size=", "--max-num-seqs": "workers=",
     "--max-model-len": "max_prompt_tokens= and max_tokens=",
+    "--api-key": "nothing: regen's own servers listen on loopback only, and a key there would lock regen itself out",
 }
 DATA_PARALLEL_FLAGS = ("--data-parallel-size", "-dp")
 

@@ -131,15 +131,15 @@ class CaptureStage:
 
             v = self.cfg.vllm
             if not v.scratch_dir:  # our own: a killed capture's unread files are of no later request
-                shutil.rmtree(Path(self.cfg.out) / "vllm_scratch", ignore_errors=True)
+                own = Path(self.cfg.out) / "vllm_scratch"
+                shutil.rmtree(own, ignore_errors=True)
+                self.engine.callback(_remove_if_empty, own)  # last, once the servers have stopped
             servers = self.engine.enter_context(capture_servers(
                 v, self.cfg.target.path, self.layer_ids, self.teacher_top_k, self.cfg.data.seq_length + 1, self.cfg.out,
                 dtype=str(self.dtype).replace("torch.", "")))
             self.vllm_rows = self.engine.enter_context(VllmRows(
                 servers.urls, servers.scratch_dir, self.layer_ids, self.teacher_top_k, workers=v.workers,
                 timeout_s=v.request_timeout_s, retries=v.retries, storage_dtype=self.cfg.storage_dtype))
-            if not v.scratch_dir:
-                self.engine.callback(_remove_if_empty, servers.scratch_dir)
         return self.vllm_rows
 
     def _target(self):

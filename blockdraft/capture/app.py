@@ -23,6 +23,7 @@ from blockdraft.capture.config import CaptureAppConfig, check_capture_config
 from blockdraft.config.app_help import AppHelp, exit_if_help_asked
 from blockdraft.config.target_argument import rewrite_target_argument, target_argument_or_exit
 from blockdraft.errors import ConfigError, DataError
+from blockdraft.out_lock import beside, hold_out_lock
 
 HELP = AppHelp(
     app="capture", module="blockdraft.capture", schema=CaptureAppConfig,
@@ -39,12 +40,25 @@ HELP = AppHelp(
 def run_capture(cfg) -> Path:
     """Entry used by the command line and by tests with a composed config."""
     from blockdraft.capture.stage import CaptureStage
+    from blockdraft.train.distributed import init_distributed
 
     if OmegaConf.is_missing(cfg, "out"):
         raise ConfigError("out is not set: give the store's directory, e.g. out=.cache/stores/<name>.")
     schema: CaptureAppConfig = OmegaConf.to_object(cfg)
     check_capture_config(schema)
-    return CaptureStage(schema).run()
+    # One capture per store (blockdraft/out_lock.py), taken by global rank 0 before the stage loads anything: a
+    # second capture is refused at once, naming the holder. The process group comes first, so that the other
+    # ranks learn of rank 0's refusal within seconds (the app's report_failure). The lock lies beside the store,
+    # <out>.lock: a store's directory holds only the store.
+    init_distributed(schema.distributed.startup_timeout_s, schema.distributed.timeout_s)
+    with hold_out_lock(schema.out, "capture", schema.distributed.lease_s, lock_path=beside(schema.out),
+                       remedy=CAPTURE_REMEDY):
+        return CaptureStage(schema).run()
+
+
+# What a second capture into the same store is told to do (the holder's pid and host filled in).
+CAPTURE_REMEDY = ("Wait for that capture to end, or stop it (kill {pid} on {host}) and rerun the same command, which "
+                  "resumes at its unfinished shards; for another store use another out=")
 
 
 def main() -> None:

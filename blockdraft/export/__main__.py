@@ -17,6 +17,7 @@ from typing import List, Optional
 import hydra
 from omegaconf import OmegaConf
 
+from blockdraft import faults
 from blockdraft.config import CONFIG_DIR, register_schema
 from blockdraft.config.app_help import AppHelp, exit_if_help_asked
 from blockdraft.errors import ConfigError, DataError
@@ -28,6 +29,7 @@ from blockdraft.export.importer import read_config
 from blockdraft.export.speculators_format import is_speculators_config, verifier_path
 from blockdraft.export.speculators_serving import vllm_reading_notes
 from blockdraft.export.writer import ExportCheckError, export_draft, is_other_stacks_draft
+from blockdraft.out_lock import beside, hold_out_lock
 
 register_schema("export_schema", ExportConfig)
 
@@ -46,10 +48,19 @@ def run(cfg: ExportConfig) -> str:
     if cfg.inspect and not cfg.checkpoint:
         return describe(cfg.inspect)
     cfg.check_export_keys()
-    target = cfg.target_dir or training_target(cfg.checkpoint)
-    out = export_draft(cfg.checkpoint, cfg.out, cfg.dtype, target, cfg.overwrite, cfg.shard_size_bytes)
+    # One export per out (blockdraft/out_lock.py): a second one is refused here, before it reads the checkpoint.
+    # The lock lies beside out, <out>.lock (as the staging directory <out>.tmp does): out is replaced by a rename.
+    with hold_out_lock(cfg.out, "export", lock_path=beside(cfg.out), remedy=EXPORT_REMEDY):
+        faults.point("export.after_lock")
+        target = cfg.target_dir or training_target(cfg.checkpoint)
+        out = export_draft(cfg.checkpoint, cfg.out, cfg.dtype, target, cfg.overwrite, cfg.shard_size_bytes)
     checked = f"checked against the target {target}" if target else "no target checks (pass target=<HF dir>)"
     return f"exported to {out} ({checked})\n{describe(out)}{speculators_source_lines(cfg.checkpoint)}"
+
+
+# What a second export to the same out is told to do (the holder's pid and host filled in).
+EXPORT_REMEDY = ("Wait for that export to end (it replaces out only once its export has passed its checks), or stop it "
+                 "(kill {pid} on {host}) and rerun the same command; for another export use another out=")
 
 
 def speculators_source_lines(checkpoint: str) -> str:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from blockdraft.errors import ConfigError
+from blockdraft.out_lock import OutLock
 from blockdraft.pipeline import commands
 from blockdraft.pipeline.gate_stage import gate_stage, gate_verdict
 from blockdraft.pipeline.given_rows import absolute_source, inspect_given
@@ -93,6 +94,23 @@ def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> i
     if not s.out:
         check_settings(s)  # says what is missing
     follower = s.node_rank > 0
+    # Node 0 (or the only node) is the one writer of <out>: a second pipeline on it is refused here, before any
+    # work; the stages take their own locks in their own directories below it. Nodes of rank > 0 only read it.
+    lock = None if follower else OutLock(s.root, app="pipeline", remedy=PIPELINE_REMEDY).acquire()
+    try:
+        return _run_pipeline(s, before, began, follower)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+# What a second pipeline on the same out is told to do (the holder's pid and host filled in).
+PIPELINE_REMEDY = ("Wait for that pipeline to end, or stop it (kill {pid} on {host}: its stage saves what it can and "
+                   "stages.json says where it stopped) and rerun the same command, which resumes; for a separate run "
+                   "use another out=")
+
+
+def _run_pipeline(s: PipelineSettings, before: Optional[List[Stage]], began: float, follower: bool) -> int:
     records = StageRecords(s.root / "stages.json", writer=not follower)
     waits = dict(follower=follower, wait_s=s.node_wait_minutes * 60)
     spent = run_stages(before or [], records, s.force, s.root, **waits)

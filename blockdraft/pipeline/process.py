@@ -1,14 +1,24 @@
 """Each stage as a command in its own process group: the pipeline's stop reaches every process of it
 (torchrun's workers, a capture's loader), gives it time to save and stop its servers, and a second
-stop kills the group."""
+stop kills the group.
+
+A stage dies with the pipeline, however the pipeline ends (SIGKILL and the OOM killer included): Linux sends the
+stage SIGTERM when the pipeline goes (its parent-death signal), and a guard process of the stage's stops the rest
+of its group the way the pipeline's own stop does (SIGTERM, the grace, then SIGKILL). The guard learns of the
+pipeline's death from a pipe whose one writer is the pipeline: the kernel closes it whatever killed the pipeline.
+vLLM servers, in groups of their own, have their own parent-death signal from the stage that started them."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Callable, List, Optional
+
+from blockdraft.vllm_runtime.server import _parent_death_signal, group_members
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,17 +36,29 @@ def run_command(argv: List[str], log: Optional[Path] = None) -> int:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Its own process group: a stop is sent to all of it, never to the pipeline itself a second time.
     out = open(log, "w") if log else None
+    death_signal = _parent_death_signal()  # None off Linux: the guard then stops the stage itself too
+
+    def own_group_dying_with_us() -> None:  # in the child, before the stage's command starts
+        os.setpgrp()
+        if death_signal is not None:
+            death_signal()
+
     try:
-        stage = subprocess.Popen(argv, cwd=REPO, env=env, preexec_fn=os.setpgrp, stdout=out,
+        stage = subprocess.Popen(argv, cwd=REPO, env=env, preexec_fn=own_group_dying_with_us, stdout=out,
                                  stderr=subprocess.STDOUT if out else None)
     finally:
         if out:
             out.close()  # the child holds its own copy
+    guard = None
     try:
+        guard = StageGuard(stage.pid, leader_signalled=death_signal is not None)
         return stage.wait()
     except KeyboardInterrupt:
         stop(stage)
         raise
+    finally:
+        if guard is not None:
+            guard.dismiss()
 
 
 # A stage stopped by Ctrl-C stops its own vLLM servers and saves what it can first (seconds): it is
@@ -68,6 +90,72 @@ def stop(stage: subprocess.Popen) -> None:
     except (KeyboardInterrupt, subprocess.TimeoutExpired):
         signal_group(stage, signal.SIGKILL)
         stage.wait()
+
+
+# The guard: one per running stage, in a session of its own (a Ctrl-C to the pipeline's terminal is not its
+# business). It blocks reading the pipe; a byte is the pipeline's "the stage is over" (it leaves at once), an end of
+# file its death: the rest of the stage's group gets SIGTERM (and SIGCONT, should it be stopped), its leader has
+# its parent-death SIGTERM already (one SIGTERM each: a second one could cut short torchrun's own stop of its
+# workers), and whatever of the group is left after the grace is killed.
+def guard_stage(group: int, fd: int, grace_s: float, leader_signalled: bool) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        said = os.read(fd, 1)
+    except OSError:
+        said = b""
+    if said:
+        return
+    for pid in group_members(group):
+        if pid != group or not leader_signalled:
+            _signal(pid, signal.SIGTERM)
+    _signal_group(group, signal.SIGCONT)
+    deadline = time.monotonic() + grace_s
+    while group_members(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if group_members(group):
+        _signal_group(group, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class StageGuard:
+    """Stops the stage's group should the pipeline die while the stage runs (`guard_stage`)."""
+
+    def __init__(self, group: int, leader_signalled: bool):
+        read, self._write = os.pipe()  # neither end inherited by the stage, started before; the guard gets `read`
+        code = ("import sys; from blockdraft.pipeline.process import guard_stage; a = sys.argv; "
+                "guard_stage(int(a[1]), int(a[2]), float(a[3]), a[4] == '1')")
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", code, str(group), str(read), str(STOP_GRACE_S), str(int(leader_signalled))],
+                cwd=REPO, pass_fds=(read,), stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(read)
+
+    def dismiss(self) -> None:
+        """The stage is over (or stopped by the pipeline itself): the guard leaves without a signal."""
+        try:
+            os.write(self._write, b"x")
+        except OSError:  # the guard has gone already
+            pass
+        os.close(self._write)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 class StageFailed(Exception):

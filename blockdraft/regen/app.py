@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import List
 
+from blockdraft import faults
 from blockdraft.config import CONFIG_DIR, register_schema
+from blockdraft.out_lock import hold_out_lock
 from blockdraft.regen.answerers import answerers
 from blockdraft.regen.config import SPLITS, RegenConfig
 from blockdraft.regen.prompt_plan import PromptSplit, plan_splits
@@ -103,12 +106,24 @@ def resolve_backend(cfg: RegenConfig) -> str:
 
 def run_regen(cfg: RegenConfig) -> Path:
     """Generate whatever the splits still miss; returns `out`."""
-    from transformers import AutoTokenizer
-
     cfg.validate()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = Path(cfg.out)
     backend = resolve_backend(cfg)
+    # One regen per out (blockdraft/out_lock.py): a second one is refused here, before it reads or writes a row.
+    with hold_out_lock(out, "regen", remedy=REGEN_REMEDY):
+        faults.point("regen.after_lock")
+        return _regenerate(cfg, out, backend)
+
+
+# What a second regen on the same out is told to do (the holder's pid and host filled in).
+REGEN_REMEDY = ("Wait for that regen to end, or stop it (kill {pid} on {host}) and rerun the same command, which "
+                "resumes from the rows it wrote; for other rows use another out=")
+
+
+def _regenerate(cfg: RegenConfig, out: Path, backend: str) -> Path:
+    from transformers import AutoTokenizer
+
     settings = cfg.settings(backend)
     manifest = read_manifest(out)
     check_resumable(manifest, settings, out)
@@ -223,8 +238,18 @@ def main() -> None:
         except (ConfigError, DataError, RegenRequestError, ServerError) as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:
+            print("[regen] stopped; rerun the same command to resume from the rows written", file=sys.stderr)
+            sys.exit(130)
 
+    # SIGTERM (a scheduler, or the parent-death signal of a pipeline that died) unwinds as Ctrl-C does: the rows
+    # written stay, regen's vLLM servers are stopped and its lock on out released, rather than left to be taken over.
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     app()
+
+
+def _terminate_as_interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -1,15 +1,10 @@
 """One training run per run directory: `.lock` is a lease that rank 0 holds and renews while it trains.
 
-The lease names its holder (host, pid, the job and the restart attempt it belongs to) and when it was last
-renewed; a daemon thread rewrites it every lease_s / 4. Another run takes it over only where its holder is gone:
-
-- the lease is older than its lease_s: the holder stopped renewing it (its node was lost), on any host;
-- it is this job's lease from an earlier restart attempt: torchrun stops every worker of a group before it
-  starts the next attempt, so that holder no longer runs;
-- it names a process of this host that no longer exists.
-
-A live lease of another run is never taken: that run is refused, naming the holder. A lease's age is judged on the
-reader's clock against the renewal time its holder wrote, so the hosts' clocks must agree to well within lease_s.
+The lease itself (how it is taken, renewed, judged stale and taken over atomically) is every app's out lock,
+blockdraft/out_lock.py: the holder is named (host, pid, the job and the restart attempt it belongs to), a daemon
+thread renews it every lease_s / 4, and it is taken over only where its holder is gone (expired on any host, an
+earlier restart attempt of this job, a dead pid here). A live lease of another run is never taken: that run is
+refused, naming the holder.
 
 A holder that stalled past lease_s (swapping, a frozen file system) can wake to find another run holding the
 directory: its heartbeat then marks the lock lost, and `check_held` (called before each checkpoint save) stops it
@@ -18,263 +13,27 @@ before it writes over the new holder's checkpoints.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import sys
-import threading
-import time
-import uuid
-from pathlib import Path
-from typing import Optional, Tuple
+import os  # noqa: F401  (tests reach the os module through this one)
 
-from blockdraft.errors import ConfigError
-from blockdraft.machine import pid_alive
-
-LOCK_NAME = ".lock"
-TRIES = 8  # looks at the lock before giving up on a contended one: each lost race re-reads it
+# The names training's code and tests have always taken from here.
+from blockdraft.out_lock import LOCK_NAME, TRIES, OutLock, _clock, _same_file, _who, job_id, restart_attempt  # noqa: F401
 
 
-def job_id() -> Optional[str]:
-    """The job this process belongs to: torchrun's rendezvous id, else the Slurm job's, else none."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    # "none" is torchrun's id when no --rdzv-id was given: the same for every job, so it tells none apart.
-    if run_id and run_id != "none":
-        return run_id
-    return os.environ.get("SLURM_JOB_ID") or None
+class RunLock(OutLock):
+    """The run directory's lease, in the words of training: run_dir, checkpoints, resume=auto."""
 
+    key = "run_dir"
+    harm = "two runs would overwrite each other's checkpoints"
+    remedy = "Use another run_dir"
 
-def restart_attempt() -> int:
-    """0 for the first attempt of a torchrun group, n for its nth restart."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
-
-
-def _clock(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
-
-
-class RunLock:
     def __init__(self, run_dir, lease_s: float = 120.0):
-        if not isinstance(lease_s, (int, float)) or not lease_s > 0:
-            raise ConfigError(f"distributed.lease_s={lease_s}: use a positive number of seconds (120 by default): "
-                              "how long a run's lock stays its own without being renewed.")
-        self.path = Path(run_dir) / LOCK_NAME
-        self.lease_s = float(lease_s)
-        self.token = uuid.uuid4().hex  # tells this holder's lease from any other, whatever its host and pid
-        self.job, self.attempt = job_id(), restart_attempt()
-        self.held = False
-        self.lost = False
-        self.taken_by: dict = {}
-        self._since = time.time()
-        self._stop = threading.Event()
-        self._heartbeat: Optional[threading.Thread] = None
+        super().__init__(run_dir, lease_s, app="training run")
 
-    # --- taking the lease ---------------------------------------------------------------------
-    def acquire(self) -> "RunLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for tries in range(TRIES):
-            if self._create():
-                return self._start()
-            seen = self._read()
-            if seen is None:  # released since: try to create it again
-                continue
-            holder, stat = seen
-            why = self._takeover_reason(holder, stat)
-            if why is None:
-                raise ConfigError(self._refusal(holder, stat))
-            if self._claim(stat):
-                print(f"[lock] taking over {self.path}: {why}", flush=True)
-                return self._start()
-            time.sleep(0.02 * (tries + 1))  # another run claimed it first: judge what it wrote
-        raise ConfigError(f"could not take {self.path}: other runs were taking it at the same time. Use one run per "
-                          f"run_dir; rerun once the others have started (one of them holds it then).")
+    def lost_consequence(self) -> str:
+        return "this run saves nothing more and stops at its next checkpoint."
 
-    def _lease(self) -> dict:
-        now = time.time()
-        return {"host": socket.gethostname(), "pid": os.getpid(), "job": self.job, "attempt": self.attempt,
-                "token": self.token, "lease_s": self.lease_s, "since": _clock(self._since),
-                "renewed": now, "renewed_at": _clock(now)}
-
-    def _create(self) -> bool:
-        """Write our lease where no lock exists; False where one does."""
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as fh:
-            json.dump(self._lease(), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return True
-
-    def _read(self) -> Optional[Tuple[dict, os.stat_result]]:
-        """(the lease, its file's stat), or None where there is no lock. A lock is unreadable for an instant
-        while another run creates it (its lease written just after): read again before judging it."""
-        for _ in range(20):
-            try:
-                with open(self.path) as fh:
-                    stat = os.fstat(fh.fileno())
-                    text = fh.read()
-            except FileNotFoundError:
-                return None
-            try:
-                holder = json.loads(text)
-                if isinstance(holder, dict):
-                    return holder, stat
-            except json.JSONDecodeError:
-                pass
-            time.sleep(0.05)
-        return {}, stat  # left unwritten by a run that died creating it: judged by the file's age
-
-    def _renewed(self, holder: dict, stat: os.stat_result) -> float:
-        renewed = holder.get("renewed")
-        # A lock written before leases (or never finished) has no renewal time: its file's is the best there is.
-        return float(renewed) if isinstance(renewed, (int, float)) else stat.st_mtime
-
-    def _holder_lease_s(self, holder: dict) -> float:
-        # The holder's own promise: it renews every lease_s / 4 of its own lease_s.
-        given = holder.get("lease_s")
-        return float(given) if isinstance(given, (int, float)) and given > 0 else self.lease_s
-
-    def _takeover_reason(self, holder: dict, stat: os.stat_result) -> Optional[str]:
-        """Why the holder is certainly gone, or None if it may still run."""
-        who = _who(holder)
-        age, lease_s = time.time() - self._renewed(holder, stat), self._holder_lease_s(holder)
-        if age > lease_s:
-            return (f"the lease of {who} was last renewed {age:.0f} s ago, past its lease of {lease_s:g} s: "
-                    "its holder is lost")
-        same_job = self.job is not None and holder.get("job") == self.job
-        if same_job and isinstance(holder.get("attempt"), int) and holder["attempt"] < self.attempt:
-            return (f"{who} belongs to restart attempt {holder['attempt']} of this job, which torchrun stopped "
-                    f"before starting this attempt ({self.attempt})")
-        if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
-            return f"{who} no longer exists on this host"
-        return None
-
-    def _refusal(self, holder: dict, stat: os.stat_result) -> str:
-        renewed, lease_s = self._renewed(holder, stat), self._holder_lease_s(holder)
-        expires = renewed + lease_s
-        return (f"run_dir {self.path.parent} is in use by {_who(holder)}: its lease was last renewed "
-                f"{max(0.0, time.time() - renewed):.0f} s ago, at {_clock(renewed)}, and expires at {_clock(expires)} unless "
-                f"renewed again; two runs would overwrite each other's checkpoints. Use another run_dir; if that run "
-                f"is gone, rerun after {_clock(expires)} (an unrenewed lease is taken over then), or delete {self.path}.")
-
-    def _claim(self, stale: os.stat_result) -> bool:
-        """Put our lease in place of the stale lock `stale`, if no other run claims it first.
-
-        Two runs can judge the same lease stale. A hard link named after that very file (its inode and
-        modification time) can be made only once, so only one run goes on to replace it; a run that finds
-        the lock changed since it judged it (renewed, or already replaced) judges it again."""
-        claim = self.path.with_name(f"{LOCK_NAME}.claim-{stale.st_ino}-{stale.st_mtime_ns}")
-        try:
-            os.link(self.path, claim)
-        except (FileExistsError, FileNotFoundError):
-            return False
-        except OSError:  # a file system without hard links
-            return self._claim_by_rename(stale)
-        try:
-            if not _same_file(os.stat(claim), stale):
-                return False
-            self._write()
-            return True
-        finally:
-            claim.unlink(missing_ok=True)
-
-    def _claim_by_rename(self, stale: os.stat_result) -> bool:
-        """Where hard links fail: move the lock aside (of two runs renaming the one file, one finds it gone),
-        keep it moved only if it is the file judged stale, then create ours where no other run did meanwhile."""
-        aside = self.path.with_name(f"{LOCK_NAME}.stale-{self.token}")
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return False
-        if not _same_file(os.stat(aside), stale):
-            os.rename(aside, self.path)  # a live lease moved by mistake goes back at once
-            return False
-        aside.unlink()
-        return self._create()
-
-    # --- holding it ---------------------------------------------------------------------------
-    def _start(self) -> "RunLock":
-        self.held = True
-        self._heartbeat = threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True)
-        self._heartbeat.start()
-        return self
-
-    def _write(self) -> None:
-        """Our lease in place of whatever the lock holds, atomically: a reader sees the old lease or the new."""
-        tmp = self.path.with_name(f"{LOCK_NAME}.{self.token}.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(self._lease(), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        try:  # the rename itself survives a crash of this host only once the directory is synced
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass  # some file systems refuse to sync a directory; the lease is still in place
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.lease_s / 4):
-            try:
-                if not self._still_ours():
-                    return
-                self._write()
-            except OSError as err:  # a file system hiccup: the next beat tries again, well within the lease
-                print(f"[lock] could not renew {self.path}: {err}; trying again in {self.lease_s / 4:g} s",
-                      file=sys.stderr, flush=True)
-
-    def _still_ours(self) -> bool:
-        """Whether the lock still holds our lease; marks it lost (and says so) where another run's replaced it."""
-        if self.lost:
-            return False
-        seen = self._read()
-        if seen is None:
-            if self._create():  # removed by hand while we ran, and no other run has made one since
-                print(f"[lock] {self.path} was removed while this run held it; written again", file=sys.stderr, flush=True)
-                return True
-            seen = self._read() or ({}, None)
-        holder = seen[0]
-        if holder.get("token") == self.token:
-            return True
-        self.lost, self.taken_by = True, holder
-        print(f"[lock] LOST: {self.path} now names {_who(holder)}: this run stalled past its lease of "
-              f"{self.lease_s:g} s and another run took over its run_dir; this run saves nothing more and stops at "
-              "its next checkpoint.", file=sys.stderr, flush=True)
-        return False
-
-    def check_held(self) -> None:
-        """Raise if another run took the run directory over: called before writing to it."""
-        if not self.held:
-            return
-        if self.lost or not self._still_ours():
-            raise ConfigError(
-                f"run_dir {self.path.parent} was taken over by {_who(self.taken_by)} while this run stalled past "
+    def taken_over_message(self) -> str:
+        return (f"run_dir {self.directory} was taken over by {_who(self.taken_by)} while this run stalled past "
                 f"its lease (distributed.lease_s={self.lease_s:g} s): this run stops without saving, so as not to "
                 "overwrite that run's checkpoints. Let that run go on; to continue this one instead, stop that one and "
                 "rerun with resume=auto. Where stalls this long are expected, raise distributed.lease_s.")
-
-    def release(self) -> None:
-        if not self.held:
-            return
-        self._stop.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join(timeout=5)
-        seen = self._read()
-        if seen is not None and seen[0].get("token") == self.token:  # never another run's lock
-            self.path.unlink(missing_ok=True)
-        self.held = False
-
-
-def _who(holder: dict) -> str:
-    job = f" (job {holder.get('job')}, restart attempt {holder.get('attempt')})" if holder.get("job") is not None else ""
-    return f"pid {holder.get('pid')} on {holder.get('host')}{job}"
-
-
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    # Each renewal is a new file (os.replace), so inode and modification time name one version of the lease.
-    return (a.st_ino, a.st_mtime_ns) == (b.st_ino, b.st_mtime_ns)

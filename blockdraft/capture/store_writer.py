@@ -100,6 +100,9 @@ def list_shards(store: FeatureStore, name: str) -> dict:
     store.write_index()
     for number in range(entry["num_shards"]):
         receipt_path(store.root, name, number).unlink(missing_ok=True)
+    # What a writer killed mid-file left (a shard's or a receipt's temporary file): no rank writes here any more.
+    for stray in (store.root / name).glob("*.tmp") if (store.root / name).is_dir() else ():
+        stray.unlink(missing_ok=True)
     return entry
 
 

@@ -72,9 +72,11 @@ def merged_file_problem(path: Path, record: dict) -> str:
     if record.get("sha256"):
         import hashlib
 
+        digest = hashlib.sha256()
         with open(path, "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
-                hashlib.sha256(fh.read()).hexdigest()
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        digest = digest.hexdigest()
         return "" if digest == record["sha256"] else f"{path.name} is not the file regen wrote (its sha256 differs)"
     with open(path, "rb") as fh:
         lines = sum(1 for line in fh if line.strip())

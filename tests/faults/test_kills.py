@@ -76,11 +76,21 @@ def test_sigkill_at_a_fault_point_loses_nothing(fault, point, rep, tmp_path, ref
     run.wait_mark()
     run.kill()
     survived, problems = inspect_killed(run.run_dir)
-    before = [p.name for p in complete_checkpoints(run.run_dir)]
+    newest = newest_whole_step(run.run_dir)
     out = resume_and_check(run.run_dir, reference_run, survived, problems, record, fault)
-    if before:
-        assert f"continuing from {run.run_dir / 'checkpoints' / before[-1]}" in out, out[-2000:]
+    if newest:
+        assert f"continuing from {run.run_dir / 'checkpoints' / newest}" in out, out[-2000:]
     assert "[lock] taking over" in out and "no longer" in out  # SIGKILL left its lock; the dead owner is recognised
+
+
+def newest_whole_step(run_dir):
+    """The step a resume must continue from: the newest complete checkpoint, or a newer step a kill left whole
+    (a re-save's old copy set aside, or a save whose checksums were written before its rename)."""
+    root = run_dir / "checkpoints"
+    steps = [int(p.name[len("step_"):]) for p in complete_checkpoints(run_dir)]
+    steps += [int(p.name[len("step_"):-len(".old")]) for p in root.glob("step_*.old")]
+    steps += [int(p.name[len("step_"):-len(".tmp")]) for p in root.glob("step_*.tmp") if (p / "checksums.json").exists()]
+    return f"step_{max(steps)}" if steps else None
 
 
 @pytest.mark.slow

@@ -20,6 +20,9 @@ from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 from tests.integration.conftest import REPO
 
 pytestmark = [
+    # make test-slow: the store-level test (test_capture_vllm_store.py, soft labels included) runs real vLLM in
+    # make test, and tests/unit/test_capture_vllm_rows.py the conversions this adds packed rows and layer order to.
+    pytest.mark.slow,
     pytest.mark.serve,
     pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.is_file(), reason="no vLLM serving environment: run `make setup-serve`"),
 ]

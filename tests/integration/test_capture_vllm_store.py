@@ -24,13 +24,18 @@ THROUGH_VLLM = ["backend=vllm", "storage_dtype=float32", "vllm.kv_cache_gib=1", 
 ENGINES_DIFFER = ("backend",)
 
 
-def test_a_store_captured_through_vllm_is_the_transformers_store_and_trains(fp32_store, tmp_path):
-    store = capture_tiny(tmp_path / "store", *THROUGH_VLLM)
+SOFT_LABELS = ["train.kl_weight=1.0", "train.teacher_top_k=8"]
+
+
+def test_a_store_captured_through_vllm_is_the_transformers_store_and_trains(tmp_path):
+    """With soft labels: the teacher's top-k from the engine's prompt logprobs (raw logits, one position on)."""
+    store = capture_tiny(tmp_path / "store", *THROUGH_VLLM, *SOFT_LABELS)
     index = json.loads((store / "index.json").read_text())
-    assert index["identity"]["backend"] == "vllm"
-    assert_same_rows(store, fp32_store, unlike=ENGINES_DIFFER)
+    assert index["identity"]["backend"] == "vllm" and index["identity"]["teacher_top_k"] == 8
+    assert_same_rows(store, capture_tiny(tmp_path / "by-transformers", "storage_dtype=float32", *SOFT_LABELS),
+                     unlike=ENGINES_DIFFER)
     assert not (store / "vllm_scratch").exists()  # every request's file read and removed
-    run = train_tiny(tmp_path / "run", f"data.features={store}", "train.max_steps=2", "train.save_every=2")
+    run = train_tiny(tmp_path / "run", f"data.features={store}", *SOFT_LABELS, "train.max_steps=2", "train.save_every=2")
     assert [c.name for c in complete_checkpoints(run)] == ["step_2"]
 
 

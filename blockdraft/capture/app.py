@@ -50,7 +50,8 @@ def run_capture(cfg) -> Path:
     # second capture is refused at once, naming the holder. The process group comes first, so that the other
     # ranks learn of rank 0's refusal within seconds (the app's report_failure). The lock lies beside the store,
     # <out>.lock: a store's directory holds only the store.
-    init_distributed(schema.distributed.startup_timeout_s, schema.distributed.timeout_s)
+    init_distributed(schema.distributed.startup_timeout_s, schema.distributed.timeout_s,
+                     use_gpu=schema.backend != "vllm")  # with vllm the servers take the GPUs
     with hold_out_lock(schema.out, "capture", schema.distributed.lease_s, lock_path=beside(schema.out),
                        remedy=CAPTURE_REMEDY):
         return CaptureStage(schema).run()
@@ -71,7 +72,7 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="capture", version_base=None)
     def app(cfg) -> None:
-        from blockdraft.train.distributed import init_distributed, report_failure, shutdown
+        from blockdraft.train.distributed import report_failure, shutdown
         from blockdraft.train.rank_watch import PeerFailed
 
         rank = int(os.environ.get("RANK", "0"))
@@ -91,7 +92,7 @@ def main() -> None:
             if isinstance(err, DataError) or rank == 0:
                 print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        if init_distributed().is_main:
+        if rank == 0:
             print(f"[capture] train from it with data.features={out}")
         shutdown()
 

@@ -48,7 +48,8 @@ class CaptureStage:
         from blockdraft.models.target_families import load_text_config
 
         self.cfg = cfg
-        self.dist = init_distributed(cfg.distributed.startup_timeout_s, cfg.distributed.timeout_s)
+        self.dist = init_distributed(cfg.distributed.startup_timeout_s, cfg.distributed.timeout_s,
+                                     use_gpu=cfg.backend != "vllm")  # with vllm the servers take the GPUs
         if cfg.target.tiny and self.dist.is_main:
             from blockdraft.models.tiny_target import save_tiny_target
 

@@ -39,14 +39,17 @@ DEFAULT_TIMEOUT_S = 600.0
 _watch = None  # this process's RankWatch, once the process group is up
 
 
-def init_distributed(startup_timeout_s: float = DEFAULT_TIMEOUT_S, timeout_s: Optional[float] = None) -> DistInfo:
+def init_distributed(startup_timeout_s: float = DEFAULT_TIMEOUT_S, timeout_s: Optional[float] = None,
+                     use_gpu: bool = True) -> DistInfo:
     """The process group with `startup_timeout_s` for its collectives (set_step_timeout shortens it once the
-    run is going), and the rank watch, whose heartbeats give up on a silent rank after `timeout_s`."""
+    run is going), and the rank watch, whose heartbeats give up on a silent rank after `timeout_s`.
+    use_gpu=False: a process that leaves the GPUs to others (a capture whose vLLM servers hold them) never makes
+    a CUDA context, which would take memory on GPU 0 that a server there counts on."""
     global _watch
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    if use_gpu and torch.cuda.is_available():
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     else:

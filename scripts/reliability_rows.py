@@ -46,7 +46,8 @@ GUARANTEES = [
      "tests/unit/test_http_rules.py::test_a_server_that_drips_is_cut_at_the_total_timeout"),
     ("a keyed regen run writes and prints the key nowhere",
      "tests/integration/test_own_servers_http.py::test_a_keyed_endpoint_run_writes_the_key_nowhere"),
-    ("the project's own vLLM servers answer its clients with VLLM_API_KEY and http_proxy set",
+    ("the project's own vLLM servers answer its clients with VLLM_API_KEY and http_proxy set (make test-slow; a fake "
+     "server's test of the same in make test)",
      "tests/integration/test_own_servers_http.py::test_real_vllm_started_here_answers_every_own_client_despite_vllm_api_key_and_a_proxy"),
     ("a capture by shard over ranks with unequal shares never leaves a rank in an all-gather alone, and equals one process's",
      "tests/integration/test_capture_by_shard.py::test_two_ranks_holding_the_target_by_shard_capture_what_one_process_does"),

@@ -102,7 +102,8 @@ needs_vllm = pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.is_file(),
                                 reason=f"no serving env at {DEFAULT_VLLM_PYTHON}; run `make setup-serve`")
 
 
-@pytest.mark.serve
+@pytest.mark.slow  # make test-slow: the fake-server test above catches the same faults (the key inherited, a proxy
+@pytest.mark.serve  # taken for loopback) in make test; this one proves real vLLM would have answered 401 otherwise
 @needs_vllm
 def test_real_vllm_started_here_answers_every_own_client_despite_vllm_api_key_and_a_proxy(target, tmp_path, hostile_env):
     from transformers import AutoTokenizer

@@ -70,14 +70,10 @@ def merged_file_problem(path: Path, record: dict) -> str:
     if not path.is_file():
         return f"{path.name} is missing"
     if record.get("sha256"):
-        import hashlib
+        from blockdraft.integrity import sha256_of
 
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        digest = digest.hexdigest()
-        return "" if digest == record["sha256"] else f"{path.name} is not the file regen wrote (its sha256 differs)"
+        same = sha256_of(path) == record["sha256"]
+        return "" if same else f"{path.name} is not the file regen wrote (its sha256 differs)"
     with open(path, "rb") as fh:
         lines = sum(1 for line in fh if line.strip())
     return "" if lines == record.get("rows") else f"{path.name} holds {lines} rows, regen wrote {record.get('rows')}"

@@ -172,3 +172,18 @@ def started_pids(record_dir: Path) -> list:
     """Every (server, child) pid the fake recorded, flattened."""
     path = record_dir / "pids"
     return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def recorded_fake_python(tmp_path: Path, monkeypatch):
+    """A fixture's body: the fake serving interpreter, FAKE_DIR recording its starts; afterwards no fake is left
+    running, even where a test killed the run that owned them."""
+    import os
+    import signal
+
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    yield write_fake_python(tmp_path / "fake_python")
+    for pid in started_pids(tmp_path):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

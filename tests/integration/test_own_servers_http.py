@@ -10,8 +10,6 @@ regen's endpoint checks and backend (capture's VllmRows sends through the same p
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import urllib.request
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 from blockdraft.vllm_runtime.server import VllmServer
-from tests.fake_vllm import started_pids, write_fake_python
+from tests.fake_vllm import recorded_fake_python
 
 KEY = "sk-own-servers-0123456789-secret"
 
@@ -47,13 +45,7 @@ def hostile_env(monkeypatch):
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
-    yield write_fake_python(tmp_path / "fake_python")
-    for pid in started_pids(tmp_path):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    yield from recorded_fake_python(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")

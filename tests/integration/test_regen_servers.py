@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from blockdraft.regen.app import run_regen
 from blockdraft.regen.config import RegenConfig
 from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON
 from blockdraft.vllm_runtime.server import VllmServer
-from tests.fake_vllm import started_pids, write_fake_python
+from tests.fake_vllm import recorded_fake_python
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"
@@ -38,15 +37,7 @@ def target():
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """The fake serving interpreter; FAKE_DIR records its starts. Afterwards no fake is left running, even
-    where a test killed the run that owned them."""
-    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
-    yield write_fake_python(tmp_path / "fake_python")
-    for pid in started_pids(tmp_path):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    yield from recorded_fake_python(tmp_path, monkeypatch)
 
 
 def settings(target, out, fake, **overrides) -> RegenConfig:

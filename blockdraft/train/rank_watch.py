@@ -18,6 +18,7 @@ attempt's own (distributed.py `_attempt_store`): a restarted group starts from n
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -53,15 +54,26 @@ class RankWatch:
         self.store.add(self._key(f"beat/{self.rank}"), 1)
         self._thread = threading.Thread(target=self._run, name="blockdraft-rank-watch", daemon=True)
         self._thread.start()
+        # A daemon thread still inside a store call when the interpreter finalizes is ended mid C++ frame, and
+        # the process aborts ("terminate called without an active exception"): a process that exits without
+        # stop() ends the thread first. It does not say "done": its neighbour still sees it go silent.
+        atexit.register(self.halt)
         return self
+
+    def halt(self) -> None:
+        """The watcher thread ends; nothing is told to the other ranks."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join(timeout=5)
+        atexit.unregister(self.halt)
 
     def stop(self) -> None:
         """This rank is done: its neighbour stops watching it, and its thread ends."""
         if self._thread is None:
             return
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._thread = None
+        self.halt()
         try:
             self.store.set(self._key(f"done/{self.rank}"), "1")
         except Exception:  # the store's host may be gone at the very end: nothing left to tell

@@ -33,7 +33,7 @@ def _import_what_loading_imports() -> None:
 
 def main(big: str, families: list, out: str) -> None:
     from blockdraft.models.target import TargetModel, load_causal_lm
-    from blockdraft.train.distributed import init_distributed
+    from blockdraft.train.distributed import init_distributed, shutdown
     from blockdraft.train.target_sharding import load_sharded_target
 
     dist = init_distributed()
@@ -56,6 +56,9 @@ def main(big: str, families: list, out: str) -> None:
         torch.testing.assert_close(sharded.capture(x), whole.capture(x))
         report[Path(path).name] = "equal"
     Path(out, f"rank{dist.rank}.json").write_text(json.dumps(report))
+    # As every launched command ends: the ranks meet, then the group goes. A rank that exits with its group
+    # and rank watch alive can abort in their destructors ("terminate called without an active exception").
+    shutdown()
 
 
 if __name__ == "__main__":

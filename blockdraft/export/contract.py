@@ -89,7 +89,7 @@ def _selector_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
 
 
 def _correction_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
-    """Domino's head (models/domino.py): not a vLLM contract, since vLLM has no Domino drafter, but
+    """Domino's head (kinds/domino/model.py): not a vLLM contract, since vLLM has no Domino drafter, but
     the importer and the reference engine hold an export to it the same way."""
     h, s, r = cfg.hidden_size, cfg.correction_hidden_size, cfg.correction_rank
     return {

@@ -27,19 +27,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Tuple
 
+from blockdraft import kinds
 from blockdraft.export.importer import CONFIG_NAME, read_config, with_mask_embedding
 from blockdraft.export.mask_embedding import MASK_EMBEDDING_FILE
-from blockdraft.export.reference_only import REASONS
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
 
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-# The kinds vLLM 0.32 serves only on its V2 GPU model runner, and why (config/vllm.py, V1's refusals).
-V2_ONLY = {
-    "dflash2": "its candidate selector runs only in V2's DFlash2 speculator; V1 refuses `DFlash candidate-head drafts`",
-    "dspark": "its speculator exists only in V2; V1 refuses `dspark speculative decoding`",
-    "lilicorr": "its lattice head runs only in V2's LiLiCorr speculator; V1 refuses `DFlash candidate-head drafts`",
-}
 # A draft of any kind whose layers mix sliding and full attention (speculators' --full-attention-indices).
 MIXED_ATTENTION = ("its mixed sliding/full attention layers need several KV-cache groups, which only V2 has; V1 refuses "
                    "`DFlash drafters with mixed sliding/full attention` (qwen3_dflash.py)")
@@ -64,12 +58,12 @@ class DeployLine:
 
 def v2_runner_reason(kind: str, mixes_attention: bool) -> Optional[str]:
     """Why vLLM 0.32 serves this draft only on its V2 model runner, or None where V1 serves it too."""
-    return V2_ONLY.get(kind) or (MIXED_ATTENTION if mixes_attention else None)
+    return kinds.get(kind).v2_runner or (MIXED_ATTENTION if mixes_attention else None)
 
 
 def vllm_method(kind: str) -> str:
-    """vLLM's speculative method: `dspark` for a DSpark draft (its V2 GPU runner), `dflash` for the rest."""
-    return "dspark" if kind == "dspark" else "dflash"
+    """vLLM's speculative method for the kind (KindSpec.vllm_method): `dspark` for DSpark, `dflash` for the rest."""
+    return kinds.get(kind).vllm_method
 
 
 def drafted_tokens_note(cfg: DraftModelConfig) -> str:
@@ -82,9 +76,10 @@ def drafted_tokens_note(cfg: DraftModelConfig) -> str:
 def deploy_line(cfg: DraftModelConfig, draft_dir: str | Path, target: Optional[str], mask_embedding: bool) -> DeployLine:
     """The line for a draft of `cfg` in `draft_dir` (`mask_embedding`: it carries mask_embedding.pt)."""
     served = shlex.quote(str(target)) if target else TARGET_PLACEHOLDER
-    if cfg.kind in REASONS:
+    reason = kinds.get(cfg.kind).reference_only
+    if reason:
         command = f"python -m blockdraft.serve draft={shlex.quote(str(draft_dir))} target={served} engine=reference"
-        return DeployLine(command, (f"not servable by vLLM: {REASONS[cfg.kind]}; the reference engine decodes it "
+        return DeployLine(command, (f"not servable by vLLM: {reason}; the reference engine decodes it "
                                     "(greedy output identical to the target's, batch size 1)",), vllm=False)
     spec = {"method": vllm_method(cfg.kind), "model": str(draft_dir), "num_speculative_tokens": cfg.num_speculative_tokens}
     env = f"{V2_RUNNER_ENV}=1 " if v2_runner_reason(cfg.kind, cfg.mixes_attention) else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Tuple
 
+from blockdraft import kinds
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import contract_problems
 from blockdraft.export.deploy_line import deploy_line, export_deploy_line
@@ -15,7 +16,7 @@ from blockdraft.export.source import resolve_checkpoint
 from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
 from blockdraft.export.speculators_format import READ_TYPES, is_speculators_config, speculators_kind
 from blockdraft.export.speculators_serving import vllm_reading_notes
-from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, draft_config_from_vllm_config
+from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import load_draft_config
 
@@ -112,7 +113,7 @@ def _read(directory: Path) -> Tuple[DraftModelConfig, str, str, Path]:
         f"a training checkpoint ({source.path.name}); vLLM cannot read it as is: "
         f"python -m blockdraft.export checkpoint={directory} out=<dir>"
     )
-    return cfg, holds, f"{EXPORT_ARCHITECTURES[cfg.kind]} once exported", source.path
+    return cfg, holds, f"{kinds.get(cfg.kind).architecture} once exported", source.path
 
 
 def _disk_size(directory: Path) -> int:

@@ -1,6 +1,6 @@
 """The `lilicorr.` tensors vLLM 0.32's LiLiCorrHead holds (model_executor/models/lilicorr.py), from the config.
 
-Written from vLLM's module, not from models/lilicorr.py, so checking a draft against it checks the draft.
+Written from vLLM's module, not from kinds/lilicorr/model.py, so checking a draft against it checks the draft.
 vLLM's load_weights refuses a checkpoint missing any of them ("coverage mismatch"). Every projection is a
 ReplicatedLinear with a bias; the MLPs are NemotronHMLP(bias=True): up_proj and down_proj.
 """

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from blockdraft import kinds
 from blockdraft.build_info import card_line as build_line
 from blockdraft.export.deploy_line import deploy_line
-from blockdraft.export.reference_only import REASONS
 from blockdraft.export.references import reference_lines
 from blockdraft.export.source import CheckpointSource, last_accept_lengths
 from blockdraft.export.training_prompts import card_line as training_prompts_line
-from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES
 from blockdraft.models.draft_config import DraftModelConfig
 
 
@@ -35,9 +34,9 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
         f"# {kind_title(cfg)} draft for {target_name}",
         "",
         f"A block drafter for speculative decoding of `{target or 'unknown'}` "
-        + ("with the project's reference engine (not vLLM)." if cfg.kind in REASONS else "with vLLM."),
+        + ("with the project's reference engine (not vLLM)." if kinds.get(cfg.kind).reference_only else "with vLLM."),
         "",
-        f"- kind: {cfg.kind} (`{EXPORT_ARCHITECTURES[cfg.kind]}`), dtype {dtype}",
+        f"- kind: {cfg.kind} (`{kinds.get(cfg.kind).architecture}`), dtype {dtype}",
         f"- shape: {shape_line(cfg)}",
         f"- target layers: {cfg.target_layer_ids}; mask token id {cfg.mask_token_id}; block size {cfg.block_size}",
         f"- data: {source.train_data or 'unknown'}",
@@ -59,7 +58,7 @@ def model_card(cfg: DraftModelConfig, source: CheckpointSource, out_dir: Path, t
 def _serve_lines(cfg: DraftModelConfig, target: Optional[str], out_dir: Path) -> list:
     line = deploy_line(cfg, out_dir, target, cfg.train_mask_embedding)
     if not line.vllm:
-        return [f"**Not servable by vLLM**: {REASONS[cfg.kind]}; config.json says so (`vllm_servable: false`). "
+        return [f"**Not servable by vLLM**: {kinds.get(cfg.kind).reference_only}; config.json says so (`vllm_servable: false`). "
                 "The project's reference engine decodes it (greedy output identical to the target's, batch size 1):",
                 "", "```", line.command, "```", ""]
     return ["```bash", line.command, "```", "", *(f"- {note}" for note in line.notes), ""]

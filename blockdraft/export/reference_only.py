@@ -11,38 +11,22 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from blockdraft.errors import ConfigError
-from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft import kinds
 
 VLLM_SERVABLE_KEY = "vllm_servable"
 SERVING_NOTE_KEY = "serving_note"
-# Why vLLM cannot serve each kind, as the marker and the harness's warning say it.
-REASONS = {"domino": "vLLM has no Domino drafter (its serial GRU correction head has no vLLM implementation)"}
-DOMINO_KEYS = ("correction_hidden_size", "correction_rank")
 
 
-def reference_only_keys(cfg: DraftModelConfig) -> dict:
-    """The marker (and Domino's head sizes, beside the other kinds' keys in dflash_config)."""
-    if cfg.kind not in REASONS:
+def reference_only_keys(cfg) -> dict:
+    """The marker, for a kind vLLM cannot serve (KindSpec.reference_only says why)."""
+    reason = kinds.get(cfg.kind).reference_only
+    if not reason:
         return {}
-    note = (f"{REASONS[cfg.kind]}: serve and check it with the reference engine, "
+    note = (f"{reason}: serve and check it with the reference engine, "
             "`python -m blockdraft.serve draft=<this dir> target=<target dir>` (engine=auto or engine=reference).")
     return {VLLM_SERVABLE_KEY: False, SERVING_NOTE_KEY: note}
 
 
-def domino_dflash_config(cfg: DraftModelConfig) -> dict:
-    return {key: getattr(cfg, key) for key in DOMINO_KEYS} if cfg.kind == "domino" else {}
-
-
-def read_domino(cfg: DraftModelConfig, dflash: Mapping, where: str) -> None:
-    for key in DOMINO_KEYS:
-        if dflash.get(key) is None:
-            raise ConfigError(
-                f"{where}: a Domino draft needs dflash_config.{key} (all of {list(DOMINO_KEYS)}); re-export it."
-            )
-        setattr(cfg, key, int(dflash[key]))
-
-
 def vllm_servable(config: Mapping, kind: str) -> bool:
     """False for a reference-only kind, whatever the marker says, or where the marker says so."""
-    return kind not in REASONS and config.get(VLLM_SERVABLE_KEY, True) is not False
+    return not kinds.get(kind).reference_only and config.get(VLLM_SERVABLE_KEY, True) is not False

@@ -32,8 +32,9 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 
 from blockdraft.errors import ConfigError
-from blockdraft.export.dspark_config import SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT
-from blockdraft.models.draft_config import MARKOV_HEAD_TYPES, SLIDING, DraftModelConfig
+from blockdraft.kinds.dspark.checks import MARKOV_HEAD_TYPES
+from blockdraft.kinds.dspark.export import SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT
+from blockdraft.models.draft_config import SLIDING, DraftModelConfig
 
 TYPE_KEY = "speculators_model_type"
 # The vLLM architecture each speculators kind is read as (vLLM 0.32's converter picks the same ones).

@@ -11,37 +11,14 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional
 
+from blockdraft import kinds
 from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_and_sliding_causal
-from blockdraft.export.dspark_config import dspark_backbone_keys, dspark_keys, read_dspark
-from blockdraft.export.lilicorr_config import lilicorr_keys, read_lilicorr
-from blockdraft.export.reference_only import domino_dflash_config, read_domino, reference_only_keys
+from blockdraft.export.reference_only import reference_only_keys
 from blockdraft.export.speculators_format import is_speculators_config, vllm_style_config
+from blockdraft.kinds.registry import architectures
 from blockdraft.models.draft_config import SLIDING, DraftModelConfig
 
-# What this exporter writes: the names in vLLM's model registry.
-# JetSpec is vLLM's DFlash with `is_causal: true` (qwen3_dflash.py `_dflash_layer_causal`).
-EXPORT_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "jetspec": "DFlashDraftModel",
-                        # Not in vLLM's registry: the reference engine serves it (export/reference_only.py).
-                        "domino": "DominoDraftModel",
-                        # vLLM's `method: dspark` drafter (qwen3_dspark.py), served by its V2 GPU runner.
-                        "dspark": "Qwen3DSparkModel",
-                        # vLLM's LiLiCorrForCausalLM (lilicorr.py): `method: dflash`, served by its V2 GPU runner.
-                        "lilicorr": "LiLiCorrDraftModel"}
-# What the importer reads: the registry names plus the training stacks' Qwen3-prefixed names.
-IMPORT_ARCHITECTURES = {
-    "DFlashDraftModel": "dflash",
-    "Qwen3DFlashDraftModel": "dflash",
-    "DFlash2DraftModel": "dflash2",
-    "Qwen3DFlash2DraftModel": "dflash2",
-    "DominoDraftModel": "domino",
-    "Qwen3DSparkModel": "dspark",
-    "Qwen3DSparkDraftModel": "dspark",
-    "LiLiCorrDraftModel": "lilicorr",
-}
-DFLASH2_REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-DFLASH2_FIELDS = DFLASH2_REQUIRED + ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
-CONV_KEYS = ("conv_kernel_size", "conv_group_size")
 # transformers' Qwen3Config default, which vLLM inherits when a config has no rope_theta.
 QWEN3_DEFAULT_ROPE_THETA = 10000.0
 
@@ -56,7 +33,7 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
     if target_config is not None and hasattr(target_config, "to_dict"):
         target_config = target_config.to_dict()
     out = {
-        "architectures": [EXPORT_ARCHITECTURES[cfg.kind]],
+        "architectures": [kinds.get(cfg.kind).architecture],
         "model_type": "qwen3",
         **_shape_keys(cfg, target_config),
         "rope_theta": cfg.rope_theta,
@@ -74,9 +51,10 @@ def vllm_config(cfg: DraftModelConfig, target_config: Optional[Mapping] = None, 
     if cfg.draft_vocab_size:
         # vLLM then builds the draft's own head of this size and reads `d2t` (draft id -> target id offset).
         out["draft_vocab_size"] = cfg.draft_vocab_size
-    out["dflash_config"] = {**_dflash_config(cfg), **domino_dflash_config(cfg)}
+    kind_dflash_keys, kind_top_keys = kinds.get(cfg.kind).export_keys(cfg)
+    out["dflash_config"] = {**_dflash_config(cfg), **kind_dflash_keys}
     out.update(reference_only_keys(cfg))
-    out.update(dspark_keys(cfg))
+    out.update(kind_top_keys)
     return out
 
 
@@ -119,46 +97,33 @@ def _is_causal_key(cfg: DraftModelConfig) -> dict:
 
 
 def _dflash_config(cfg: DraftModelConfig) -> dict:
-    out: dict[str, Any] = {
+    """The keys every kind's dflash_config carries; a kind adds its own (KindSpec.export_keys)."""
+    return {
         "mask_token_id": cfg.mask_token_id,
         "target_layer_ids": list(cfg.target_layer_ids),
         "block_size": cfg.block_size,
     }
-    if cfg.kind == "lilicorr":
-        return {**out, **lilicorr_keys(cfg)}
-    if cfg.kind != "dflash2":
-        return out
-    out.update({key: getattr(cfg, key) for key in DFLASH2_REQUIRED})
-    # Optional in vLLM and identity by default: written only when the target has them.
-    if cfg.input_embedding_scale != 1.0:
-        out["input_embedding_scale"] = cfg.input_embedding_scale
-    if cfg.output_multiplier != 1.0:
-        out["output_multiplier"] = cfg.output_multiplier
-    if cfg.final_logit_softcapping:
-        out["final_logit_softcapping"] = cfg.final_logit_softcapping
-    return out
 
 
-def dflash2_fields_not_written(kind: str) -> tuple:
-    """The DFlash2 fields a `kind` export does not carry (its import holds the dataclass defaults)."""
-    if kind == "dflash2":
-        return ()
-    if kind == "lilicorr":
-        return tuple(k for k in DFLASH2_FIELDS if k not in CONV_KEYS)
-    return DFLASH2_FIELDS
+def fields_not_written(kind: str) -> tuple:
+    """Other kinds' settings, which a `kind` export does not carry (its import holds the dataclass defaults)."""
+    own = set(kinds.get(kind).settings)
+    return tuple(sorted({key for spec in kinds.all_kinds() for key in spec.settings} - own))
 
 
 # --- the way back -------------------------------------------------------------------
 
 
 def draft_kind_of(config: Mapping, where: str = "config.json") -> str:
-    """'dflash' | 'dflash2' from `architectures`; anything else is refused with the supported list."""
+    """The kind `architectures` names (KindSpec.architecture and .reads); anything else is refused with the
+    supported list."""
     archs = list(config.get("architectures") or [])
-    known = [IMPORT_ARCHITECTURES[a] for a in archs if a in IMPORT_ARCHITECTURES]
+    read = architectures()
+    known = [read[a] for a in archs if a in read]
     if not known:
         raise ConfigError(
             f"{where}: architectures={archs} is not a DFlash draft this importer reads; "
-            f"supported: {sorted(IMPORT_ARCHITECTURES)}, and speculators' DSpark checkpoints "
+            f"supported: {sorted(read)}, and speculators' DSpark checkpoints "
             "(speculators_model_type: dspark). Set `architectures` to one of them."
         )
     return known[0]
@@ -169,9 +134,8 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
     if is_speculators_config(config):
         config = vllm_style_config(config, where)
     kind, sliding_causal = kind_and_sliding_causal(draft_kind_of(config, where), config, where)
-    dflash = dict(config.get("dflash_config") or {})
-    if kind == "dspark":
-        dflash = {**dspark_backbone_keys(config), **dflash}
+    spec = kinds.get(kind)
+    dflash = {**spec.backbone_keys(config), **dict(config.get("dflash_config") or {})}
     hidden = _required(config, "hidden_size", where)
     heads = _required(config, "num_attention_heads", where)
     layer_ids = _required(dflash, "target_layer_ids", where, "dflash_config.")
@@ -200,14 +164,7 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
         sliding_causal=sliding_causal,
         draft_vocab_size=_draft_vocab_size(config),
     )
-    if kind == "dflash2":
-        _read_dflash2(cfg, dflash, where)
-    if kind == "domino":
-        read_domino(cfg, dflash, where)
-    if kind == "dspark":
-        read_dspark(cfg, config, where)
-    if kind == "lilicorr":
-        read_lilicorr(cfg, dflash, where)
+    spec.read_keys(cfg, config, dflash, where)
     return cfg.validate()
 
 
@@ -248,12 +205,3 @@ def _mixed_layer_types(config: Mapping) -> Optional[List[str]]:
     """`layer_types` when it mixes sliding and full layers; None when every layer is alike (the window says which)."""
     types = list(config.get("layer_types") or [])
     return types if SLIDING in types and len(set(types)) > 1 else None
-
-
-def _read_dflash2(cfg: DraftModelConfig, dflash: Mapping, where: str) -> None:
-    for key in DFLASH2_REQUIRED:
-        setattr(cfg, key, int(_required(dflash, key, where, "dflash_config.")))
-    cfg.input_embedding_scale = float(dflash.get("input_embedding_scale", 1.0))
-    cfg.output_multiplier = float(dflash.get("output_multiplier", 1.0))
-    cap = dflash.get("final_logit_softcapping")
-    cfg.final_logit_softcapping = float(cap) if cap else None

@@ -32,7 +32,7 @@ from blockdraft.export.reload_check import DTYPES, ReloadResult, reload_check
 from blockdraft.export.source import CheckpointSource, resolve_checkpoint
 from blockdraft.export.target_checks import check_against_target, target_text_config
 from blockdraft.export.training_prompts import copy_record
-from blockdraft.export.vllm_config import dflash2_fields_not_written, draft_config_from_vllm_config, vllm_config
+from blockdraft.export.vllm_config import draft_config_from_vllm_config, fields_not_written, vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import DRAFT_CONFIG_NAME, draft_state_dict, load_draft, load_draft_config
 
@@ -216,7 +216,7 @@ def stored_shapes(directory: Path) -> Dict[str, tuple]:
 def check_config_round_trip(directory: Path, cfg: DraftModelConfig) -> None:
     back = draft_config_from_vllm_config(read_config(directory), where=str(directory / CONFIG_NAME)).to_dict()
     want = cfg.to_dict()
-    skip = NOT_ROUND_TRIPPED + dflash2_fields_not_written(cfg.kind)
+    skip = NOT_ROUND_TRIPPED + fields_not_written(cfg.kind)
     differing = [f"{k}: wrote {back[k]!r}, trained {want[k]!r}" for k in want if k not in skip and back.get(k) != want[k]]
     if differing:
         raise ExportCheckError("config.json does not read back as the trained draft config:\n  " + "\n  ".join(differing))

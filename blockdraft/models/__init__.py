@@ -1,21 +1,12 @@
-"""Drafts and the target adapter. A new draft kind is a new file plus one line here."""
+"""Drafts and the target adapter. A draft kind lives in its own folder under blockdraft/kinds/, registered there."""
 
-from blockdraft.models.dflash import DFlashDraftModel
-from blockdraft.models.dflash2 import DFlash2DraftModel
-from blockdraft.models.domino import DominoDraftModel
-from blockdraft.models.dspark import DSparkDraftModel
-from blockdraft.models.lilicorr import LiLiCorrDraftModel
-from blockdraft.models.draft_config import DRAFT_KINDS, DraftModelConfig, check_kind
-
-# JetSpec is DFlash with causal attention inside the block (`DraftModelConfig.is_causal`): same weights.
-DRAFT_CLASSES = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel, "jetspec": DFlashDraftModel,
-                 "domino": DominoDraftModel, "dspark": DSparkDraftModel,
-                 "lilicorr": LiLiCorrDraftModel}
+from blockdraft import kinds
+from blockdraft.models.draft_config import DraftModelConfig
 
 
 def build_draft(cfg: DraftModelConfig):
-    check_kind(cfg.kind)
-    return DRAFT_CLASSES[cfg.kind](cfg.validate())
+    """The draft model of `cfg`'s kind (KindSpec.model), built from the checked config."""
+    return kinds.get(cfg.kind).model_class()(cfg.validate())
 
 
-__all__ = ["DRAFT_CLASSES", "DRAFT_KINDS", "DraftModelConfig", "build_draft"]
+__all__ = ["DraftModelConfig", "build_draft"]

@@ -10,20 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from blockdraft import kinds
 from blockdraft.errors import ConfigError
 
-DRAFT_KINDS = ("dflash", "dflash2", "jetspec", "domino", "dspark", "lilicorr")
 # transformers' and vLLM's names for a layer's attention (`layer_types`).
 SLIDING = "sliding_attention"
 LAYER_TYPES = ("full_attention", SLIDING)
-# vLLM 0.32 implements only the first-order Markov head for Qwen3 DSpark drafts (qwen3_dspark.py).
-MARKOV_HEAD_TYPES = ("vanilla",)
-# The settings that shape a DSpark draft beyond its DFlash backbone (its weights and its block layout).
-DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-                    "sample_from_anchor")
-# LiLiCorr's head settings: vLLM's dflash_config keys of the same names (lilicorr_enabled aside).
-LILICORR_KEYS = ("lilicorr_hidden_size", "lilicorr_candidate_topk", "lilicorr_num_heads", "lilicorr_mlp_ratio",
-                 "lilicorr_factor_dim", "lilicorr_vector_eps", "lilicorr_logit_scale", "lilicorr_num_layers")
 
 
 @dataclass
@@ -59,23 +51,23 @@ class DraftModelConfig:
     """The MASK slots' embedding is a trained parameter (exported as mask_embedding.pt)."""
     # DFlash2 only.
     conv_kernel_size: int = 2
-    conv_group_size: int = 1
+    conv_group_size: int = 16
     selector_rank: int = 64
     selector_top_k: int = 8
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: Optional[float] = None
-    # Domino only: the GRU state's width and the rank of the logit correction (models/domino.py).
+    # Domino only: the GRU state's width and the rank of the logit correction (kinds/domino/model.py).
     correction_hidden_size: int = 1024
     correction_rank: int = 256
-    # DSpark only (models/dspark.py): the Markov head's rank and type, the confidence head, the block layout.
+    # DSpark only (kinds/dspark/model.py): the Markov head's rank and type, the confidence head, the block layout.
     markov_rank: int = 256
     markov_head_type: str = "vanilla"
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True
     sample_from_anchor: bool = True
     dspark_draft_topk: Optional[int] = None
-    # LiLiCorr only (models/lilicorr.py): vLLM's `lilicorr_*` dflash_config keys of its candidate-lattice head.
+    # LiLiCorr only (kinds/lilicorr/model.py): vLLM's `lilicorr_*` dflash_config keys of its candidate-lattice head.
     # conv_kernel_size / conv_group_size above are its optional in-block convolution (both 0 = none).
     lilicorr_hidden_size: Optional[int] = None
     """LiLiCorr: width of the lattice transformer; null = the draft's hidden_size."""
@@ -97,7 +89,7 @@ class DraftModelConfig:
     forbidden_mask_ids: List[int] = field(default_factory=list)
 
     def validate(self) -> "DraftModelConfig":
-        check_kind(self.kind)
+        spec = kinds.get(self.kind)
         check_layer_ids(self.target_layer_ids, self.num_target_layers)
         check_mask_token(self.mask_token_id, self.vocab_size, self.forbidden_mask_ids)
         if self.block_size < 2:
@@ -113,35 +105,10 @@ class DraftModelConfig:
                 f"draft.num_key_value_heads={self.num_key_value_heads}; pick heads divisible by kv heads."
             )
         self._validate_layer_types()
-        if self.kind == "dflash2":
-            self._validate_dflash2()
-        if self.kind == "domino":
-            self._validate_domino()
-        if self.kind == "dspark":
-            self._validate_dspark()
-        if self.kind == "lilicorr":
-            self._validate_lilicorr()
+        spec.check(self)
         if self.draft_vocab_size is not None:
-            self._validate_draft_vocab()
+            check_draft_vocab(self.kind, self.draft_vocab_size, self.vocab_size)
         return self
-
-    def _validate_draft_vocab(self) -> None:
-        n = self.draft_vocab_size
-        if self.kind == "lilicorr":
-            raise ConfigError(
-                f"draft.draft_vocab_size={n} with draft.kind=lilicorr: vLLM's LiLiCorr scores candidates from the "
-                "target's full head and embedding; keep the full vocabulary (draft_vocab_size=null) or train dflash."
-            )
-        if self.kind == "dflash2":
-            raise ConfigError(
-                f"draft.draft_vocab_size={n} with draft.kind={self.kind}: vLLM's DFlash2 takes its candidate "
-                "top-k from the target's full head; keep the full vocabulary (draft_vocab_size=null) or train dflash."
-            )
-        if not 1 <= n < self.vocab_size:
-            raise ConfigError(
-                f"draft.draft_vocab_size={n} must be in [1, {self.vocab_size}) (the target's vocabulary); "
-                "use null for the full vocabulary."
-            )
 
     def _validate_layer_types(self) -> None:
         types = self.layer_types
@@ -159,90 +126,6 @@ class DraftModelConfig:
                 "draft.sliding_window is null; set the window (speculators' default is 2048)."
             )
 
-    def _validate_dflash2(self) -> None:
-        self._validate_dflash2_conv()
-        if not 1 <= self.selector_top_k <= self.vocab_size:
-            raise ConfigError(
-                f"draft.selector_top_k={self.selector_top_k} is outside [1, vocab_size={self.vocab_size}]; "
-                "set a k no larger than the vocabulary (8 is usual)."
-            )
-        if self.selector_rank < 1:
-            raise ConfigError(f"draft.selector_rank={self.selector_rank}: set it >= 1 (64 is usual).")
-
-    def _validate_dflash2_conv(self) -> None:
-        if self.hidden_size % self.conv_group_size:
-            raise ConfigError(
-                f"draft.conv_group_size={self.conv_group_size} does not divide hidden_size="
-                f"{self.hidden_size}; choose a divisor of {self.hidden_size}."
-            )
-        if self.conv_kernel_size < 1:
-            raise ConfigError(f"draft.conv_kernel_size={self.conv_kernel_size}: set it >= 1 (2 is usual).")
-
-    def _validate_domino(self) -> None:
-        if self.draft_vocab_size is not None:
-            raise ConfigError(
-                f"draft.draft_vocab_size={self.draft_vocab_size} with draft.kind=domino: the Domino correction "
-                "spans the target's full vocabulary; keep draft_vocab_size=null, or train dflash for a reduced head."
-            )
-        for key in ("correction_hidden_size", "correction_rank"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"draft.{key}={getattr(self, key)}: set it >= 1 (1024 and 256 are the published sizes).")
-
-    def _validate_dspark(self) -> None:
-        if self.markov_rank < 1:
-            raise ConfigError(
-                f"draft.markov_rank={self.markov_rank}: vLLM's DSpark always builds its Markov head, so set it >= 1 "
-                "(256 is speculators' default); for a draft without one, train draft=dflash."
-            )
-        if self.markov_head_type not in MARKOV_HEAD_TYPES:
-            raise ConfigError(
-                f"draft.markov_head_type={self.markov_head_type!r}: vLLM 0.32's Qwen3 DSpark drafter implements only "
-                f"{list(MARKOV_HEAD_TYPES)} (qwen3_dspark.py DSparkMarkovHead); its loader would refuse the extra "
-                "weights of a gated or rnn head. Set draft.markov_head_type=vanilla."
-            )
-        if self.train_mask_embedding:
-            raise ConfigError(
-                "draft.train_mask_embedding=true with draft.kind=dspark: vLLM's DSpark drafter embeds the MASK slots "
-                "with the target's row for the mask token and ignores a mask embedding (qwen3_dspark.py load_weights "
-                "drops it). Set draft.train_mask_embedding=false."
-            )
-        vocab = self.draft_vocab_size or self.vocab_size
-        if self.dspark_draft_topk is not None and not 1 <= self.dspark_draft_topk <= vocab:
-            raise ConfigError(
-                f"draft.dspark_draft_topk={self.dspark_draft_topk} must be in [1, {vocab}] (the draft's vocabulary), "
-                "or null to apply the Markov head to every token, as vLLM checks (config/speculative.py)."
-            )
-
-    def _validate_lilicorr(self) -> None:
-        taps, groups = self.conv_kernel_size, self.conv_group_size
-        if taps < 0 or groups < 0 or bool(taps) != bool(groups):
-            raise ConfigError(
-                f"draft.conv_kernel_size={taps} with draft.conv_group_size={groups}: vLLM's LiLiCorr needs both "
-                "(the DFlash2 convolution) or neither (plain DFlash layers); set both > 0, or both to 0."
-            )
-        if taps:
-            self._validate_dflash2_conv()
-        k = self.lilicorr_candidate_topk
-        if not (1 <= k <= 16 and k & (k - 1) == 0) or k > self.vocab_size:
-            raise ConfigError(
-                f"draft.lilicorr_candidate_topk={k}: vLLM's LiLiCorr takes a power of two <= 16 (and within the "
-                f"vocabulary of {self.vocab_size}); set 1, 2, 4, 8 or 16."
-            )
-        # num_speculative_tokens < block_size holds for what training writes: this layout drafts block_size - 1
-        # slots (drafted_per_round). A larger count asked of serve is refused there, as vLLM would refuse it
-        # (serve/preflight.py, check_drafted_tokens; the pipeline checks its serve key before any stage).
-        width, heads = self.lilicorr_width, self.lilicorr_num_heads
-        if heads < 1 or width % heads:
-            raise ConfigError(
-                f"draft.lilicorr_num_heads={heads} does not divide the lattice width {width} "
-                "(draft.lilicorr_hidden_size, or hidden_size when null); pick a divisor of it."
-            )
-        for key in ("lilicorr_factor_dim", "lilicorr_num_layers"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"draft.{key}={getattr(self, key)}: set it >= 1 (64 and 2 are the defaults).")
-        if int(width * self.lilicorr_mlp_ratio) < 1:
-            raise ConfigError(f"draft.lilicorr_mlp_ratio={self.lilicorr_mlp_ratio}: set it > 0 (2.0 is the default).")
-
     @property
     def lilicorr_width(self) -> int:
         """The lattice transformer's width: vLLM reads `lilicorr_hidden_size or hidden_size`."""
@@ -250,16 +133,16 @@ class DraftModelConfig:
 
     @property
     def num_speculative_tokens(self) -> int:
-        return drafted_per_round(self.kind, self.block_size, self.sample_from_anchor)
+        return kinds.get(self.kind).drafted_per_round(self.block_size, self)
 
     @property
     def anchor_predicts(self) -> bool:
-        return anchor_predicts(self.kind, self.sample_from_anchor)
+        return kinds.get(self.kind).anchor_predicts(self)
 
     @property
     def is_causal(self) -> bool:
-        """JetSpec: slot k attends to the context and slots 0..k of its block (DFlash sees the whole block)."""
-        return self.kind == "jetspec"
+        """Slot k attends to the context and slots 0..k of its block (JetSpec); otherwise the whole block."""
+        return kinds.get(self.kind).causal_in_block
 
     def is_sliding(self, layer: int) -> bool:
         if self.layer_types is None:
@@ -289,8 +172,20 @@ class DraftModelConfig:
 
 
 def check_kind(kind: str) -> None:
-    if kind not in DRAFT_KINDS:
-        raise ConfigError(f"draft.kind={kind!r} is unknown; use one of {list(DRAFT_KINDS)}.")
+    kinds.get(kind)
+
+
+def check_draft_vocab(kind: str, n: int, vocab_size: Optional[int] = None) -> None:
+    """A reduced draft vocabulary of `n` ids: refused for a kind vLLM serves from the full head only, and out of
+    range. The one rule training checks before it loads anything and a resolved config checks again."""
+    refusal = kinds.get(kind).draft_vocab_refusal
+    if refusal:
+        raise ConfigError(f"draft.draft_vocab_size={n} with draft.kind={kind}: {refusal}; keep the full vocabulary "
+                          "(drop draft.draft_vocab_size), or train draft.kind=dflash for a reduced head.")
+    if n < 1 or (vocab_size is not None and n >= vocab_size):
+        upper = f", {vocab_size})" if vocab_size is not None else ")"
+        raise ConfigError(f"draft.draft_vocab_size={n} must be in [1{upper} (the target's vocabulary); use null for the "
+                          "full vocabulary (8192 or 32768 are usual reduced sizes).")
 
 
 def check_layer_ids(ids, num_target_layers: int) -> None:
@@ -342,13 +237,11 @@ def default_layer_ids(num_target_layers: int, n: int) -> List[int]:
     return [round(1 + i * (num_target_layers - 4) / (n - 1)) for i in range(n)]
 
 
-def anchor_predicts(kind: str, sample_from_anchor: bool) -> bool:
+def anchor_predicts(kind: str, settings) -> bool:
     """Slot q's output predicts the token after it (DSpark's sample_from_anchor layout), not its own."""
-    return kind == "dspark" and bool(sample_from_anchor)
+    return kinds.get(kind).anchor_predicts(settings)
 
 
-def drafted_per_round(kind: str, block_size: int, sample_from_anchor: bool = True) -> int:
-    """The tokens one round drafts. DSpark with sample_from_anchor predicts from every slot, anchor
-    included (vLLM's DSpark speculator: N query slots, N drafts); every other layout drafts from the
-    MASK slots only (1 + N query slots)."""
-    return int(block_size) if anchor_predicts(kind, sample_from_anchor) else int(block_size) - 1
+def drafted_per_round(kind: str, block_size: int, settings) -> int:
+    """The tokens one round drafts, in the kind's layout (KindSpec.drafted_per_round)."""
+    return kinds.get(kind).drafted_per_round(block_size, settings)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from blockdraft.models.draft_config import LILICORR_KEYS, DraftModelConfig, check_kind, default_layer_ids
+from blockdraft import kinds
+from blockdraft.models.draft_config import DraftModelConfig, default_layer_ids
 
 
 @dataclass
@@ -17,7 +18,7 @@ class DraftConfig:
     """Schema of the `draft` config group."""
 
     kind: str = "dflash"
-    """One of DRAFT_KINDS (models/draft_config.py): dflash | dflash2 | jetspec | domino | dspark | lilicorr."""
+    """A registered kind (blockdraft/kinds/): dflash | dflash2 | jetspec | domino | dspark | lilicorr."""
     num_layers: int = 1
     """Draft decoder layers."""
     block_size: int = 16
@@ -109,34 +110,12 @@ def _dense_intermediate_size(target_config) -> int:
     return _target_width(target_config, "intermediate_size") or 3 * target_config.hidden_size
 
 
-def _domino_sizes(draft: DraftConfig, hidden: int) -> dict:
-    # Other kinds keep the dataclass defaults, so their saved configs (and resume checks) never change.
-    if draft.kind != "domino":
-        return {}
-    state = draft.correction_hidden_size if draft.correction_hidden_size is not None else min(hidden, 1024)
-    return {"correction_hidden_size": state, "correction_rank": draft.correction_rank}
-
-
-def _dspark_settings(draft: DraftConfig) -> dict:
-    # Other kinds keep the dataclass defaults, so their saved configs (and resume checks) never change.
-    if draft.kind != "dspark":
-        return {}
-    return {
-        "markov_rank": draft.markov_rank,
-        "markov_head_type": draft.markov_head_type,
-        "enable_confidence_head": draft.enable_confidence_head,
-        # vLLM reads it only with the head; a config without the head says so once.
-        "confidence_head_with_markov": draft.confidence_head_with_markov and draft.enable_confidence_head,
-        "sample_from_anchor": draft.sample_from_anchor,
-        "dspark_draft_topk": draft.dspark_draft_topk,
-    }
-
-
-def _lilicorr_settings(draft: DraftConfig) -> dict:
-    # Other kinds keep the dataclass defaults, so their saved configs (and resume checks) never change.
-    if draft.kind != "lilicorr":
-        return {}
-    return {key: getattr(draft, key) for key in LILICORR_KEYS}
+def _own_settings(draft: DraftConfig, hidden: int) -> dict:
+    """The kind's own settings as set (KindSpec.settings), resolved by the kind. Other kinds' settings keep the
+    DraftModelConfig defaults, so a draft's saved config (and the resume checks) never depends on them."""
+    spec = kinds.get(draft.kind)
+    own = {key: getattr(draft, key) for key in spec.settings if hasattr(draft, key)}
+    return spec.resolve_settings(own, hidden)
 
 
 def resolve_layer_ids(draft: DraftConfig, target_config) -> List[int]:
@@ -150,7 +129,7 @@ def resolve_draft_config(
     draft: DraftConfig, target_config, forbidden_mask_ids: Sequence[int] = ()
 ) -> DraftModelConfig:
     """Combine user settings with the target's HF config; validates before returning."""
-    check_kind(draft.kind)
+    kinds.get(draft.kind)  # an unknown kind, refused with the list
     num_target_layers = target_config.num_hidden_layers
     layer_ids = resolve_layer_ids(draft, target_config)
     t_hidden = target_config.hidden_size
@@ -181,13 +160,7 @@ def resolve_draft_config(
         sliding_causal=draft.sliding_causal,
         draft_vocab_size=draft.draft_vocab_size,
         train_mask_embedding=draft.train_mask_embedding,
-        conv_kernel_size=draft.conv_kernel_size,
-        conv_group_size=draft.conv_group_size,
-        selector_rank=draft.selector_rank,
-        selector_top_k=draft.selector_top_k,
-        **_domino_sizes(draft, hidden),
-        **_dspark_settings(draft),
-        **_lilicorr_settings(draft),
+        **_own_settings(draft, hidden),
         # Supported targets (Qwen/Llama families) have no embedding scale or logit transform,
         # so input_embedding_scale / output_multiplier / softcapping keep their identity defaults.
         forbidden_mask_ids=list(forbidden_mask_ids),

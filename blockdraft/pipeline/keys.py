@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Dict, Iterable
 
-from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, LILICORR_KEYS
+from blockdraft import kinds
 from blockdraft.pipeline.settings import PipelineSettings
 
 
@@ -66,11 +66,10 @@ def capture_inputs(s: PipelineSettings, cfg) -> dict:
     return placeheld({"store": planned_identity(cfg, torch.device("cuda" if on_cuda() else "cpu"))}, s)
 
 
-# Settings that shape one draft kind only: keyed for that kind, left out for the others, so that a
-# finished run of another kind keeps its key when they were added.
-KIND_ONLY = {"dspark": (*(f"draft.{key}" for key in (*DSPARK_HEAD_KEYS, "dspark_draft_topk")),
-                        "train.confidence_weight", "train.confidence_target"),
-             "lilicorr": tuple(f"draft.{key}" for key in LILICORR_KEYS)}
+def kind_only() -> Dict[str, tuple]:
+    """Settings that shape one draft kind only (KindSpec.keyed_alone): keyed for that kind, left out for the
+    others, so that a finished run of another kind keeps its key when they were added."""
+    return {spec.name: spec.keyed_alone_settings() for spec in kinds.all_kinds()}
 
 
 # One rank's share of the global batch: the key holds the global batch instead (rows per optimizer step, what the
@@ -86,7 +85,7 @@ def train_inputs(s: PipelineSettings, cfg, use_store: bool, global_batch: int) -
 
 
 def train_neutral(cfg, more: tuple = ()) -> tuple:
-    other_kinds = [key for kind, keys in KIND_ONLY.items() if kind != cfg.draft.kind for key in keys]
+    other_kinds = [key for kind, keys in kind_only().items() if kind != cfg.draft.kind for key in keys]
     return (*type(cfg).OUTPUT_NEUTRAL, *type(cfg).EXTENT, *other_kinds, *more)
 
 
@@ -128,13 +127,11 @@ def gate_inputs(s: PipelineSettings, cfg, training, target_fingerprint: str, ser
                       "training": without(training, (*TrainAppConfig.OUTPUT_NEUTRAL, *gate_other_kinds(training)))}, s)
 
 
-# Kind settings added after the gate's key held every draft setting: left out of it for the other kinds, so
-# their gates keep their keys.
-GATE_KIND_ONLY = ("lilicorr",)
-
-
 def gate_other_kinds(training) -> tuple:
-    return tuple(key for kind in GATE_KIND_ONLY if kind != training.draft.kind for key in KIND_ONLY[kind])
+    """Kind settings added after the gate's key held every draft setting (KindSpec.gate_keyed_alone): left out
+    of it for the other kinds, so their gates keep their keys."""
+    return tuple(key for spec in kinds.all_kinds() if spec.gate_keyed_alone and spec.name != training.draft.kind
+                 for key in spec.keyed_alone_settings())
 
 
 def serve_inputs(s: PipelineSettings, cfg) -> dict:

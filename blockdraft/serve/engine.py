@@ -20,11 +20,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from blockdraft.models.dflash2 import DFlash2DraftModel
-from blockdraft.models.domino import DominoDraftModel
-from blockdraft.models.dspark import DSparkDraftModel
+from blockdraft.kinds.dflash2.model import DFlash2DraftModel
+from blockdraft.kinds.domino.model import DominoDraftModel
+from blockdraft.kinds.dspark.model import DSparkDraftModel
 from blockdraft.models.layers import per_layer_masks, single_block_mask
-from blockdraft.models.lilicorr import LiLiCorrDraftModel, walk
+from blockdraft.kinds.lilicorr.model import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
 from blockdraft.serve.target_state import TargetState

@@ -21,7 +21,7 @@ def drafted_tokens(draft) -> int:
     block_size, for a DSpark draft whose anchor predicts; block_size - 1 otherwise."""
     from blockdraft.models.draft_config import drafted_per_round
 
-    return drafted_per_round(draft.kind, draft.block_size, draft.sample_from_anchor)
+    return drafted_per_round(draft.kind, draft.block_size, draft)
 
 
 def training_ceiling(loss_mask: Sequence[bool], drafted: int) -> Optional[float]:

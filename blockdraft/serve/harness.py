@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from blockdraft import kinds
 from blockdraft.data.held_out import SHAREGPT_HELD_OUT_START
 from blockdraft.errors import ConfigError
 from blockdraft.export.deploy_line import V2_RUNNER_ENV, v2_runner_reason, vllm_method
@@ -187,8 +188,9 @@ def _run_vllm(cfg: ServeConfig, plan: Plan, prompts: List[EncodedPrompt], record
         binding = omp_binding(Path(cfg.out) / log_name(phase, 1))
         if binding:
             record.environment["vllm_omp_binding"][phase] = binding
-    if plan.draft.kind in ("dflash2", "dspark", "lilicorr") and runner != "v2":
-        name = {"dflash2": "DFlash2", "dspark": "DSpark", "lilicorr": "LiLiCorr"}[plan.draft.kind]
+    spec = kinds.get(plan.draft.kind)
+    if spec.v2_runner and runner != "v2":
+        name = spec.title
         record.extra_failures.append(
             f"the {name} draft was not served by vLLM's V2 model runner (log says: {runner or 'no runner line'}); "
             "only that runner runs it as trained. Serve on a GPU vLLM with Triton."

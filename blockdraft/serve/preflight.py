@@ -12,26 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from blockdraft import kinds
 from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_with_causality
-from blockdraft.export.reference_only import REASONS, vllm_servable
+from blockdraft.export.reference_only import vllm_servable
 from blockdraft.export.writer import EXPORT_INFO
 from blockdraft.integrity import verify_checksums
-from blockdraft.models.draft_config import LILICORR_KEYS
 from blockdraft.models.target_families import num_layers_in
 from blockdraft.serve.config import ServeConfig
-from blockdraft.serve.draft_aliases import ALIASES, alias_problem
+from blockdraft.kinds.registry import architectures
+from blockdraft.serve.draft_aliases import alias_problem
 from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
-
-# DominoDraftModel is the project's own name: its exports go to the reference engine (choose_engine).
-DRAFT_KINDS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2", "DominoDraftModel": "domino",
-               "Qwen3DSparkModel": "dspark", "LiLiCorrDraftModel": "lilicorr"}
-# Other training stacks' names, served unchanged through vllm_plugin/ (draft_aliases.py).
-DRAFT_KINDS.update({alias: DRAFT_KINDS[name] for alias, name in ALIASES.items()})
-VLLM_DFLASH_KINDS = ("dflash", "jetspec")  # vLLM's DFlashDraftModel serves both
-# Kinds only vLLM's V2 model runner serves (it needs a Triton GPU backend), with the class each needs.
-V2_RUNNER_ARCHITECTURES = {"dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel", "lilicorr": "LiLiCorrDraftModel"}
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 @dataclass
@@ -111,11 +102,13 @@ def read_draft(directory: str | Path) -> DraftFacts:
     config = read_json(directory / "config.json", "draft_dir")
     where = f"{directory / 'config.json'}"
     archs = list(config.get("architectures") or [])
-    arch = next((a for a in archs if a in DRAFT_KINDS), None)
+    # A kind's own name and other stacks' names for it (those served unchanged through vllm_plugin/).
+    read = architectures()
+    arch = next((a for a in archs if a in read), None)
     if arch is None:
         raise ConfigError(
             f"{where}: architectures={archs} is not a DFlash draft vLLM can serve; it must be "
-            f"{list(DRAFT_KINDS)} (vLLM renames anything else). Re-export with `python -m blockdraft.export`."
+            f"{list(read)} (vLLM renames anything else). Re-export with `python -m blockdraft.export`."
         )
     dflash = config.get("dflash_config")
     if not isinstance(dflash, dict) or "mask_token_id" not in dflash or not dflash.get("target_layer_ids"):
@@ -123,17 +116,13 @@ def read_draft(directory: str | Path) -> DraftFacts:
             f"{where}: dflash_config with mask_token_id and target_layer_ids is required (vLLM reads the "
             "target layers and the mask token from it); re-export the draft with `python -m blockdraft.export`."
         )
-    kind = check_trained_attention(kind_with_causality(DRAFT_KINDS[arch], config, where), directory, where)
-    missing = [k for k in DFLASH2_KEYS if kind == "dflash2" and k not in dflash]
+    kind = check_trained_attention(kind_with_causality(read[arch], config, where), directory, where)
+    spec = kinds.get(kind)
+    missing = [k for k in spec.required_keys if dflash.get(k) is None]
     if missing:
         raise ConfigError(
-            f"{where}: a DFlash2 draft needs dflash_config.{missing[0]} (all of {list(DFLASH2_KEYS)}); re-export it."
-        )
-    missing = [k for k in LILICORR_KEYS if kind == "lilicorr" and dflash.get(k) is None]
-    if missing:
-        raise ConfigError(
-            f"{where}: a LiLiCorr draft needs dflash_config.{missing[0]} (all of {list(LILICORR_KEYS)}; vLLM reads "
-            "each without a default); re-export it."
+            f"{where}: a {spec.title} draft needs dflash_config.{missing[0]} (all of {list(spec.required_keys)}; vLLM "
+            "reads each without a default); re-export it."
         )
     hidden = int(config["hidden_size"])
     return DraftFacts(
@@ -148,8 +137,7 @@ def read_draft(directory: str | Path) -> DraftFacts:
         mask_token_id=int(dflash["mask_token_id"]),
         block_size=_block_size(dflash, config),
         vllm_servable=vllm_servable(config, kind),
-        # vLLM's DSpark speculator defaults sample_from_anchor to true when the key is absent.
-        anchor_predicts=kind == "dspark" and bool(config.get("sample_from_anchor", True)),
+        anchor_predicts=spec.anchor_predicts(config),
         mixed_attention=len(set(config.get("layer_types") or [])) > 1,
     )
 
@@ -159,11 +147,16 @@ def check_trained_attention(kind: str, directory: Path, where: str) -> str:
     draft served non-causally (or a DFlash draft causally) loses most of its acceptance, silently."""
     info_path = directory / EXPORT_INFO
     trained = json.loads(info_path.read_text()).get("draft_kind") if info_path.is_file() else None
-    causal = {"jetspec": "causal", "dflash": "non-causal"}
-    if trained in causal and kind in causal and trained != kind:
+    if trained is None or trained == kind or trained not in kinds.kind_names():
+        return kind
+    served, was = kinds.get(kind), kinds.get(trained)
+    if served.architecture == was.architecture and served.causal_in_block != was.causal_in_block:
+        def causal(spec):
+            return "causal" if spec.causal_in_block else "non-causal"
+
         raise ConfigError(
-            f"{where}: vLLM would run this draft's attention {causal[kind]}, but it was trained as {trained} "
-            f"({causal[trained]} attention, {info_path.name}). Set `is_causal` to {str(trained == 'jetspec').lower()} "
+            f"{where}: vLLM would run this draft's attention {causal(served)}, but it was trained as {trained} "
+            f"({causal(was)} attention, {info_path.name}). Set `is_causal` to {str(was.causal_in_block).lower()} "
             "or export the checkpoint again."
         )
     return kind
@@ -245,8 +238,9 @@ def fc_in_features(directory: Path) -> Optional[int]:
 def check_drafted_tokens(kind: str, k: int, block_size: Optional[int], key: str = "num_speculative_tokens") -> None:
     """vLLM 0.32's LiLiCorr refuses to start unless 1 <= num_speculative_tokens < its block_size (its lattice
     has block_size - 1 slots after the anchor): refused here, with the fix, before any server loads."""
-    if kind == "lilicorr" and block_size is not None and k >= block_size:
-        raise ConfigError(f"{key}={k} with a LiLiCorr draft of block_size={block_size}: vLLM's LiLiCorr drafts at most "
+    spec = kinds.get(kind)
+    if spec.drafts_below_block and block_size is not None and k >= block_size:
+        raise ConfigError(f"{key}={k} with a {spec.title} draft of block_size={block_size}: vLLM's {spec.title} drafts at most "
                           f"block_size - 1 = {block_size - 1} tokens a round and will not start otherwise; set {key}="
                           f"{block_size - 1} or fewer (null: {block_size - 1}).")
 
@@ -310,7 +304,8 @@ def check_vllm_support(info: VllmInfo, draft: DraftFacts, target: TargetFacts) -
     alias = alias_problem(info, draft.architecture)
     if alias:
         raise ConfigError(f"{draft.directory / 'config.json'}: {alias}")
-    if draft.kind in VLLM_DFLASH_KINDS and draft.architecture not in info.dflash_archs:
+    spec = kinds.get(draft.kind)
+    if spec.vllm_method and not spec.v2_runner and draft.architecture not in info.dflash_archs:
         raise ConfigError(
             f"vLLM {info.version} has no {draft.architecture} in its registry; serve with a vLLM that has "
             "DFlash (`make setup-serve` installs one) via vllm_python."
@@ -334,7 +329,7 @@ def choose_engine(
     if requested == "reference":
         return "reference", ["engine=reference: the draft is checked with the project's reference engine, not with vLLM."]
     if not draft.vllm_servable:
-        reason = REASONS.get(draft.kind, "its config.json says `vllm_servable: false`")
+        reason = kinds.get(draft.kind).reference_only or "its config.json says `vllm_servable: false`"
         if requested == "vllm":
             raise ConfigError(
                 f"engine=vllm: {reason}, so vLLM cannot serve {draft.directory}. Set engine=auto or "
@@ -349,20 +344,21 @@ def choose_engine(
             f"{problem}, so vLLM cannot serve this target here. The draft is checked with the project's own "
             "reference engine instead, not with vLLM."
         ]
-    if draft.kind in VLLM_DFLASH_KINDS and not draft.mixed_attention or info.can_run_v2_draft(
-        V2_RUNNER_ARCHITECTURES.get(draft.kind, draft.architecture)
-    ):
+    spec = kinds.get(draft.kind)
+    # A kind only vLLM's V2 runner serves needs its own class there; a mixed-attention draft, the V2 runner.
+    v2_architecture = spec.architecture if spec.v2_runner else draft.architecture
+    if not spec.v2_runner and not draft.mixed_attention or info.can_run_v2_draft(v2_architecture):
         return "vllm", []
     why = "it has no Triton GPU backend" if info.device == "cpu" or not info.has_triton else "its V2 model runner is off"
-    if draft.kind in VLLM_DFLASH_KINDS:  # a DFlash draft of mixed sliding and full layers
+    if not spec.v2_runner:  # a draft of mixed sliding and full layers
         refusal = (f"vLLM {info.version} on {info.device} cannot run this draft's mixed sliding/full attention layers "
                    f"({why}; its V1 runner refuses them)")
         if requested == "vllm":
             raise ConfigError(f"engine=vllm: {refusal}. Serve on a GPU vLLM, or set engine=auto for the reference engine.")
         return "reference", [f"{refusal}. The draft is checked with the project's own reference engine instead, not with vLLM."]
-    if V2_RUNNER_ARCHITECTURES.get(draft.kind) not in info.dflash_archs and info.runs_v2_runner:
-        why = f"its registry has no {V2_RUNNER_ARCHITECTURES.get(draft.kind)}"
-    name = {"dflash2": "DFlash2", "dspark": "DSpark", "lilicorr": "LiLiCorr"}.get(draft.kind, draft.kind)
+    if spec.architecture not in info.dflash_archs and info.runs_v2_runner:
+        why = f"its registry has no {spec.architecture}"
+    name = spec.title
     refusal = f"vLLM {info.version} on {info.device} cannot run {name} ({why}; its V1 runner refuses {name} drafts)"
     if requested == "vllm":
         raise ConfigError(f"engine=vllm: {refusal}. Serve on a GPU vLLM, or set engine=auto for the reference engine.")

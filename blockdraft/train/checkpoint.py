@@ -29,7 +29,7 @@ from blockdraft import faults
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.durable import fsync_dir, fsync_tree, replace_durably
 from blockdraft.integrity import CHECKSUMS_NAME, checksum_problem, write_checksums
-from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, LILICORR_KEYS
+from blockdraft import kinds
 from blockdraft.models.io import load_draft_config, save_draft, save_draft_config
 from blockdraft.models import sharded_io as shards
 from blockdraft.train.training_prompts import copy_run_record
@@ -266,30 +266,25 @@ def checkpoint_batch(checkpoint: Path, state: Optional[dict] = None):
 IDENTITY_KEYS = (
     "kind", "mask_token_id", "target_layer_ids", "block_size", "hidden_size", "intermediate_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-    "target_hidden_size", "num_target_layers", "conv_kernel_size", "conv_group_size", "selector_rank",
-    "draft_vocab_size", "train_mask_embedding", "correction_hidden_size", "correction_rank",
-    *DSPARK_HEAD_KEYS, *LILICORR_KEYS,
+    "target_hidden_size", "num_target_layers", "draft_vocab_size", "train_mask_embedding",
 )
+# A kind's own settings that change nothing it is built from (the rest of KindSpec.settings are its identity).
+NOT_IDENTITY = ("selector_top_k", "input_embedding_scale", "output_multiplier", "final_logit_softcapping",
+                "dspark_draft_topk")
 
 
-# Keys that shape one kind of draft only. Another kind's export does not carry them (a DFlash export has no
-# conv_group_size, so its import holds the dataclass default), and they build nothing there.
-# LiLiCorr has DFlash2's convolution too (both keys 0 when off).
-KIND_ONLY_KEYS = {"conv_kernel_size": ("dflash2", "lilicorr"), "conv_group_size": ("dflash2", "lilicorr"),
-                  "selector_rank": "dflash2",
-                  "correction_hidden_size": "domino", "correction_rank": "domino",
-                  **{key: "dspark" for key in DSPARK_HEAD_KEYS}, **{key: "lilicorr" for key in LILICORR_KEYS}}
-
-
-def _kinds_of(key: str) -> set:
-    kinds = KIND_ONLY_KEYS[key]
-    return {kinds} if isinstance(kinds, str) else set(kinds)
+def _identity_keys(kind_names: set) -> List[str]:
+    """The shared identity keys, and the settings of the two kinds compared. Another kind's settings build nothing
+    there, and its export does not carry them (a DFlash export has no conv_group_size, so its import holds the
+    dataclass default)."""
+    own = [key for spec in kinds.all_kinds() if spec.name in kind_names for key in spec.settings
+           if key not in NOT_IDENTITY]
+    return list(IDENTITY_KEYS) + list(dict.fromkeys(own))
 
 
 def identity_diffs(saved, now, ignore: tuple = ()) -> List[str]:
     saved, now = saved.to_dict(), now.to_dict()
-    kinds = {saved.get("kind"), now.get("kind")}
-    keys = [k for k in IDENTITY_KEYS if (k not in KIND_ONLY_KEYS or kinds & _kinds_of(k)) and k not in ignore]
+    keys = [k for k in _identity_keys({saved.get("kind"), now.get("kind")}) if k not in ignore]
     return [f"{k}: saved {saved.get(k)!r} vs now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
 
 

@@ -1,6 +1,6 @@
 """LiLiCorr's path loss: teach the lattice head to walk the target's tokens through the backbone's top-k.
 
-The walk vLLM runs (models/lilicorr.py `walk`) picks slot s's candidate from the score row of the
+The walk vLLM runs (kinds/lilicorr/model.py `walk`) picks slot s's candidate from the score row of the
 candidate picked at slot s - 1. Its training signal here is teacher-forced, as DFlash2's selector loss:
 at slot s, the row of the target's token at slot s - 1 (the anchor's start row at slot 0), a cross-entropy
 whose class is the target's token at slot s. The sum over slots is the negative log-likelihood of the

@@ -10,7 +10,9 @@ import importlib.util
 import torch
 from omegaconf import OmegaConf
 
+from blockdraft import kinds
 from blockdraft.errors import ConfigError
+from blockdraft.models.draft_config import check_draft_vocab as check_kind_draft_vocab
 # The target group's checks live below train (capture settles them too); the loop imports them from here.
 from blockdraft.models.target_checks import check_target_path, resolve_dtype, resolve_target_dtype  # noqa: F401
 from blockdraft.train.config import TrainAppConfig
@@ -108,7 +110,7 @@ def check_sliding_window(draft) -> None:
     slots in training that vLLM hides from them: refused rather than trained unlike it serves.
     A causal draft (JetSpec) sees no later key, so any window trains as vLLM serves it."""
     w = draft.sliding_window
-    if w is not None and w < draft.block_size and draft.kind != "jetspec":
+    if w is not None and w < draft.block_size and not kinds.get(draft.kind).causal_in_block:
         raise ConfigError(
             f"draft.sliding_window={w} is narrower than draft.block_size={draft.block_size}: vLLM would hide later slots "
             f"of a block from its first slots (a symmetric window of {w - 1} positions), which training lets them see. "
@@ -125,25 +127,7 @@ def check_draft_vocab(cfg: TrainAppConfig) -> None:
     n = cfg.draft.draft_vocab_size
     if n is None:
         return
-    if cfg.draft.kind == "dflash2":
-        raise ConfigError(
-            f"draft.draft_vocab_size={n} with draft.kind=dflash2: vLLM's DFlash2 takes its candidate top-k "
-            "from the target's full head, so a DFlash2 draft keeps the full vocabulary. Drop draft.draft_vocab_size, "
-            "or train draft.kind=dflash."
-        )
-    if cfg.draft.kind == "lilicorr":
-        raise ConfigError(
-            f"draft.draft_vocab_size={n} with draft.kind=lilicorr: vLLM's LiLiCorr scores candidates from the target's "
-            "full head and embedding, so a LiLiCorr draft keeps the full vocabulary. Drop draft.draft_vocab_size, "
-            "or train draft.kind=dflash."
-        )
-    if cfg.draft.kind == "domino":
-        raise ConfigError(
-            f"draft.draft_vocab_size={n} with draft.kind=domino: the Domino correction spans the target's full "
-            "vocabulary. Drop draft.draft_vocab_size, or train draft.kind=dflash for a reduced head."
-        )
-    if n < 1:
-        raise ConfigError(f"draft.draft_vocab_size={n}: use a positive size (e.g. 8192 or 32768), or null for the full vocabulary.")
+    check_kind_draft_vocab(cfg.draft.kind, n)  # the target's vocabulary, the upper bound, is checked once it is read
 
 
 def check_store_options(cfg: TrainAppConfig) -> None:

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from blockdraft import faults
-from blockdraft.models.dflash2 import DFlash2DraftModel
-from blockdraft.models.domino import DominoDraftModel
-from blockdraft.models.dspark import DSparkDraftModel
+from blockdraft.kinds.dflash2.model import DFlash2DraftModel
+from blockdraft.kinds.domino.model import DominoDraftModel
+from blockdraft.kinds.dspark.model import DSparkDraftModel
 from blockdraft.models.layers import per_layer_masks
-from blockdraft.models.lilicorr import LiLiCorrDraftModel, walk
+from blockdraft.kinds.lilicorr.model import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig

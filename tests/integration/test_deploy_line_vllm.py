@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from blockdraft.config import compose
 from blockdraft.export.__main__ import run as export_app
-from blockdraft.export.deploy_line import V2_ONLY, export_deploy_line, vllm_method
-from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES
+from blockdraft import kinds
+from blockdraft.export.deploy_line import export_deploy_line, vllm_method
 from blockdraft.export.writer import export_draft
 from blockdraft.models.io import save_draft
 from blockdraft.pipeline.deploy import print_deploy
@@ -86,11 +86,11 @@ def test_vllm_parses_each_kinds_deploy_line_into_the_speculative_config_the_draf
         cfg = configs[name]
         assert got["target"] == str(TARGET) and got["model"] == str(tmp_path / f"{name}_export"), got
         assert got["method"] == vllm_method(cfg.kind), got
-        assert EXPORT_ARCHITECTURES[cfg.kind] in got["architectures"], got
+        assert kinds.get(cfg.kind).architecture in got["architectures"], got
         # What one round drafts, counted from the block as the draft's layout trained it.
         assert got["num_speculative_tokens"] == cfg.block_size - (0 if cfg.anchor_predicts else 1), got
         assert got["draft_vocab_size"] == cfg.draft_vocab_size, got
-        if cfg.kind not in V2_ONLY:
+        if not kinds.get(cfg.kind).v2_runner:
             assert got["env"] == {} and got["with_env"].startswith("ok"), got
             continue
         assert got["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "1"}, got

@@ -12,8 +12,11 @@ from typing import Dict, List
 import pytest
 
 from blockdraft.export.references import reference_lines
-from blockdraft.export.vllm_config import EXPORT_ARCHITECTURES, IMPORT_ARCHITECTURES
-from blockdraft.models.draft_config import DRAFT_KINDS, drafted_per_round
+from blockdraft import kinds
+from blockdraft.kinds.registry import architectures
+from blockdraft.models.draft_config import drafted_per_round
+
+DRAFT_KINDS = kinds.kind_names()
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -50,7 +53,7 @@ def test_the_deploy_table_has_every_kind():
 
 @pytest.mark.parametrize("kind", DRAFT_KINDS)
 def test_each_kinds_architecture_is_the_one_export_writes(kind):
-    assert first_code(deploy_table()[kind]["`architectures`"]) == EXPORT_ARCHITECTURES[kind]
+    assert first_code(deploy_table()[kind]["`architectures`"]) == kinds.get(kind).architecture
 
 
 @pytest.mark.parametrize("kind", DRAFT_KINDS)
@@ -59,17 +62,17 @@ def test_each_kinds_num_speculative_tokens_is_the_rule_the_code_applies(kind):
     quoted = re.findall(r"`(block_size(?: - 1)?)`", cell)
     block = 8  # any block size tells the two rules apart
     value = {"block_size": block, "block_size - 1": block - 1}
-    assert value[quoted[0]] == drafted_per_round(kind, block, sample_from_anchor=True)
+    assert value[quoted[0]] == drafted_per_round(kind, block, {"sample_from_anchor": True})
     if len(quoted) > 1:  # the other layout, quoted "with `sample_from_anchor: false`"
         assert "sample_from_anchor: false" in cell
-        assert value[quoted[1]] == drafted_per_round(kind, block, sample_from_anchor=False)
+        assert value[quoted[1]] == drafted_per_round(kind, block, {"sample_from_anchor": False})
     else:
-        assert drafted_per_round(kind, block, True) == drafted_per_round(kind, block, False)
+        assert drafted_per_round(kind, block, {"sample_from_anchor": True}) == drafted_per_round(kind, block, {"sample_from_anchor": False})
 
 
 def test_the_importer_section_names_every_architecture_it_reads():
     text = section("export.md", "## Importing other stacks' drafts")
-    missing = [name for name in IMPORT_ARCHITECTURES if f"`{name}`" not in text]
+    missing = [name for name in architectures() if f"`{name}`" not in text]
     assert not missing, missing
 
 
@@ -83,15 +86,13 @@ def test_training_md_cites_what_the_model_card_cites(kind):
 
 
 def serving_rule(kind: str) -> str:
-    """What serves a kind, as serve/preflight.py decides it: reference | vllm (V1 or V2) | vllm V2 only."""
-    from blockdraft.export.reference_only import REASONS
-    from blockdraft.serve.preflight import V2_RUNNER_ARCHITECTURES, VLLM_DFLASH_KINDS
-
-    if kind in REASONS:
+    """What serves a kind, as its registry entry says: reference | vllm (V1 or V2) | vllm V2 only."""
+    spec = kinds.get(kind)
+    if spec.reference_only:
         return "reference"
-    if kind in V2_RUNNER_ARCHITECTURES:
+    if spec.v2_runner:
         return "v2"
-    assert kind in VLLM_DFLASH_KINDS, f"{kind}: serve/preflight.py states no rule for it"
+    assert spec.vllm_method, f"{kind}: its registry entry states no rule for it"
     return "vllm"
 
 

@@ -5,7 +5,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from blockdraft.models.lilicorr import walk
+from blockdraft.kinds.lilicorr.model import walk
 from blockdraft.train.config import LoopConfig
 from blockdraft.train.lilicorr_loss import path_targets
 from blockdraft.train.losses import slot_weights

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from blockdraft.models.dflash2 import DynamicBlockConv
+from blockdraft.kinds.dflash2.model import DynamicBlockConv
 from tests.conftest import make_draft
 
 

@@ -211,11 +211,11 @@ def test_a_lilicorr_drafted_count_vllm_would_refuse_stops_the_pipeline_before_an
 def test_dspark_settings_key_a_dspark_run_only(target, tmp_path):
     """Settings that shape only a DSpark draft are in a DSpark run's train key, and out of every other
     kind's, so a finished DFlash run kept its key when they were added."""
-    from blockdraft.pipeline.keys import KIND_ONLY
+    from blockdraft.pipeline.keys import kind_only
 
     def train_keys(*extra):
         return next(key_settings(st.inputs) for st in stages_of(tmp_path, *extra)[1] if st.name == "train")
 
-    dspark = {f"config.{key}" for key in KIND_ONLY["dspark"]}
+    dspark = {f"config.{key}" for key in kind_only()["dspark"]}
     assert dspark <= set(train_keys("draft=dspark", "draft.markov_rank=8"))
     assert not dspark & set(train_keys())

@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Mapping
 
 from blockdraft.errors import ConfigError
-from blockdraft.models.draft_config import LILICORR_KEYS, DraftModelConfig
 
+# LiLiCorr's head settings: vLLM's dflash_config keys of the same names (lilicorr_enabled aside).
+LILICORR_KEYS = ("lilicorr_hidden_size", "lilicorr_candidate_topk", "lilicorr_num_heads", "lilicorr_mlp_ratio",
+                 "lilicorr_factor_dim", "lilicorr_vector_eps", "lilicorr_logit_scale", "lilicorr_num_layers")
 INT_KEYS = ("lilicorr_candidate_topk", "lilicorr_num_heads", "lilicorr_factor_dim", "lilicorr_num_layers")
 
 
-def lilicorr_keys(cfg: DraftModelConfig) -> dict:
+def lilicorr_keys(cfg) -> dict:
     """What vLLM's LiLiCorr reads beyond the DFlash keys. The width is written as 0 when it is the
     draft's own: vLLM reads `lilicorr_hidden_size or hidden_size`."""
     out = {key: getattr(cfg, key) for key in LILICORR_KEYS}
@@ -28,7 +30,7 @@ def lilicorr_keys(cfg: DraftModelConfig) -> dict:
     return out
 
 
-def read_lilicorr(cfg: DraftModelConfig, dflash: Mapping, where: str) -> None:
+def read_keys(cfg, config: Mapping, dflash: Mapping, where: str) -> None:
     """Fill `cfg`'s LiLiCorr fields from a config.json's dflash_config, refusing what vLLM refuses."""
     missing = [key for key in LILICORR_KEYS if dflash.get(key) is None]
     if missing:
@@ -43,3 +45,8 @@ def read_lilicorr(cfg: DraftModelConfig, dflash: Mapping, where: str) -> None:
     cfg.lilicorr_hidden_size = int(dflash["lilicorr_hidden_size"]) or None
     cfg.conv_kernel_size = int(dflash.get("conv_kernel_size", 0))
     cfg.conv_group_size = int(dflash.get("conv_group_size", 0))
+
+
+def export_keys(cfg) -> tuple:
+    """(its dflash_config keys, its top-level keys)."""
+    return lilicorr_keys(cfg), {}

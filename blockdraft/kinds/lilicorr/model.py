@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blockdraft.models.dflash import DFlashDecoderLayer, DFlashDraftModel
-from blockdraft.models.dflash2 import DFlash2DecoderLayer
+from blockdraft.kinds.dflash.model import DFlashDecoderLayer, DFlashDraftModel
+from blockdraft.kinds.dflash2.model import DFlash2DecoderLayer
 from blockdraft.models.draft_config import DraftModelConfig
 
 # The per-candidate features vLLM computes from the backbone's top-k log-probs.

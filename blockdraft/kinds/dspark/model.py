@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blockdraft.models.dflash import DFlashDraftModel
-from blockdraft.models.domino import Pick, greedy_pick  # the same serial choice as Domino's head
+from blockdraft.kinds.dflash.model import DFlashDraftModel
+from blockdraft.kinds.domino.model import Pick, greedy_pick  # the same serial choice as Domino's head
 from blockdraft.models.draft_config import DraftModelConfig
 
 

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from blockdraft.models.dflash import DFlashDecoderLayer, DFlashDraftModel
+from blockdraft.kinds.dflash.model import DFlashDecoderLayer, DFlashDraftModel
 from blockdraft.models.draft_config import DraftModelConfig
 
 

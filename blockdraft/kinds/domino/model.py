@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blockdraft.models.dflash import DFlashDraftModel
+from blockdraft.kinds.dflash.model import DFlashDraftModel
 from blockdraft.models.draft_config import DraftModelConfig
 
 # logits [N, V] -> (tokens [N], the distribution each was drawn from [N, V]).

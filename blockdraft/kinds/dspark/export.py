@@ -16,15 +16,17 @@ from __future__ import annotations
 from typing import Mapping
 
 from blockdraft.errors import ConfigError
-from blockdraft.models.draft_config import DSPARK_HEAD_KEYS, DraftModelConfig
+
+# The settings that shape a DSpark draft beyond its DFlash backbone (its weights and its block layout).
+DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+                    "sample_from_anchor")
+DSPARK_SETTINGS = DSPARK_HEAD_KEYS + ("dspark_draft_topk",)
 
 # The speculators converter's default when its config has no sample_from_anchor, unlike vLLM's own (true).
 SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT = False
 
 
-def dspark_keys(cfg: DraftModelConfig) -> dict:
-    if cfg.kind != "dspark":
-        return {}
+def dspark_keys(cfg) -> dict:
     out = {key: getattr(cfg, key) for key in DSPARK_HEAD_KEYS}
     out.update({"target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id})
     if cfg.dspark_draft_topk is not None:
@@ -45,7 +47,7 @@ def dspark_backbone_keys(config: Mapping) -> dict:
     return {key: value for key, value in found.items() if value is not None}
 
 
-def read_dspark(cfg: DraftModelConfig, config: Mapping, where: str, sample_from_anchor_default: bool = True) -> None:
+def read_dspark(cfg, config: Mapping, where: str, sample_from_anchor_default: bool = True) -> None:
     """Fill `cfg`'s DSpark fields from a config.json (vLLM's, or speculators' after its renames)."""
     if config.get("markov_rank") is None:
         raise ConfigError(f"{where}: a DSpark draft needs `markov_rank` (the Markov head's rank); re-export it.")
@@ -59,3 +61,17 @@ def read_dspark(cfg: DraftModelConfig, config: Mapping, where: str, sample_from_
     scale = config.get("logit_scale", 1.0)
     if scale not in (None, 1, 1.0):
         raise ConfigError(f"{where}: logit_scale={scale}; this project's DSpark drafts use 1.0 (the Qwen3 head).")
+
+
+def export_keys(cfg) -> tuple:
+    """(its dflash_config keys, its top-level keys): vLLM's DSpark heads read top-level keys only."""
+    return {}, dspark_keys(cfg)
+
+
+def read_keys(cfg, config: Mapping, dflash: Mapping, where: str) -> None:
+    read_dspark(cfg, config, where)
+
+
+def resolve_settings(own: dict, hidden_size: int) -> dict:
+    # vLLM reads confidence_head_with_markov only with the head; a config without the head says so once.
+    return {**own, "confidence_head_with_markov": own["confidence_head_with_markov"] and own["enable_confidence_head"]}

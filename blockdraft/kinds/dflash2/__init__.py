@@ -1,0 +1,25 @@
+"""DFlash2: DFlash layers with an in-block convolution, and a pairwise selector choosing each slot's token among
+its top-k candidates given the one chosen before it. Only vLLM's V2 model runner serves it."""
+
+from blockdraft.kinds.dflash2.checks import check
+from blockdraft.kinds.dflash2.export import REQUIRED, export_keys, read_keys
+from blockdraft.kinds.registry import register
+from blockdraft.kinds.spec import KindSpec
+
+SPEC = register(KindSpec(
+    name="dflash2",
+    title="DFlash2",
+    model="blockdraft.kinds.dflash2.model:DFlash2DraftModel",
+    architecture="DFlash2DraftModel",
+    reads=("Qwen3DFlash2DraftModel",),
+    # vLLM 0.32 serves it on its V2 GPU model runner only (config/vllm.py, V1's refusals).
+    v2_runner="its candidate selector runs only in V2's DFlash2 speculator; V1 refuses `DFlash candidate-head drafts`",
+    draft_vocab_refusal="vLLM's DFlash2 takes its candidate top-k from the target's full head",
+    settings=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "input_embedding_scale",
+              "output_multiplier", "final_logit_softcapping"),
+    keyed_alone=(),
+    check=check,
+    export_keys=export_keys,
+    read_keys=read_keys,
+    required_keys=REQUIRED,
+))

@@ -1,0 +1,23 @@
+"""Domino: a DFlash backbone and a GRU correction head that adjusts each slot's logits with the tokens drafted
+before it. vLLM has no Domino drafter: the project's reference engine serves it."""
+
+from blockdraft.kinds.domino.checks import check
+from blockdraft.kinds.domino.export import export_keys, read_keys, resolve_settings
+from blockdraft.kinds.registry import register
+from blockdraft.kinds.spec import KindSpec
+
+SPEC = register(KindSpec(
+    name="domino",
+    title="Domino",
+    model="blockdraft.kinds.domino.model:DominoDraftModel",
+    architecture="DominoDraftModel",
+    vllm_method=None,
+    reference_only="vLLM has no Domino drafter (its serial GRU correction head has no vLLM implementation)",
+    draft_vocab_refusal="the Domino correction spans the target's full vocabulary",
+    settings=("correction_hidden_size", "correction_rank"),
+    keyed_alone=(),
+    check=check,
+    export_keys=export_keys,
+    read_keys=read_keys,
+    resolve_settings=resolve_settings,
+))

@@ -1,0 +1,27 @@
+"""DSpark: a DFlash backbone with a Markov head (each slot's logits biased by the token before it) and a
+confidence head for vLLM's adaptive verification; vLLM's `method: dspark` serves it on its V2 runner."""
+
+from blockdraft.kinds.dspark.checks import check
+from blockdraft.kinds.dspark.export import DSPARK_SETTINGS, dspark_backbone_keys, export_keys, read_keys, resolve_settings
+from blockdraft.kinds.registry import register
+from blockdraft.kinds.spec import KindSpec
+
+SPEC = register(KindSpec(
+    name="dspark",
+    title="DSpark",
+    model="blockdraft.kinds.dspark.model:DSparkDraftModel",
+    architecture="Qwen3DSparkModel",
+    reads=("Qwen3DSparkDraftModel",),
+    vllm_method="dspark",
+    # vLLM 0.32 serves it on its V2 GPU model runner only (config/vllm.py, V1's refusals).
+    v2_runner="its speculator exists only in V2; V1 refuses `dspark speculative decoding`",
+    anchor_predicts_when="sample_from_anchor",
+    settings=DSPARK_SETTINGS,
+    keyed_alone=tuple(f"draft.{key}" for key in DSPARK_SETTINGS) + ("train.confidence_weight", "train.confidence_target"),
+    gate_keyed_alone=False,
+    check=check,
+    export_keys=export_keys,
+    read_keys=read_keys,
+    backbone_keys=dspark_backbone_keys,
+    resolve_settings=resolve_settings,
+))

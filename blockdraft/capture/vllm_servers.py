@@ -76,7 +76,7 @@ def default_device() -> str:
 
 def server_count(cfg: CaptureVllmConfig, device: str, gpus: List[str]) -> int:
     """servers= as set; null: 0 beside endpoints, else every tensor_parallel_size group of GPUs (CUDA), else 1."""
-    from blockdraft.regen.servers import data_parallel_size
+    from blockdraft.regen.server_checks import data_parallel_size
 
     if cfg.servers is not None:
         return cfg.servers
@@ -89,18 +89,18 @@ def server_count(cfg: CaptureVllmConfig, device: str, gpus: List[str]) -> int:
 
 def check_placement(cfg: CaptureVllmConfig) -> None:
     """The servers against the machine's GPUs or cores (regen's checks, which read the same keys)."""
-    from blockdraft.regen import servers as regen_servers
+    from blockdraft.regen import server_checks
     from blockdraft.vllm_runtime.server import visible_gpus
 
     if server_count(cfg, default_device(), visible_gpus()) == 0:
         return
-    per_server = cfg.tensor_parallel_size * regen_servers.data_parallel_size(cfg.extra_vllm_args)
+    per_server = cfg.tensor_parallel_size * server_checks.data_parallel_size(cfg.extra_vllm_args)
     try:
         gpus = visible_gpus()
         if gpus:
-            regen_servers._check_gpus(cfg, per_server, gpus)
+            server_checks.check_gpus(cfg, per_server, gpus)
         else:
-            regen_servers._check_cores(cfg, per_server)
+            server_checks.check_cores(cfg, per_server)
     except ConfigError as err:
         raise ConfigError(f"capture.vllm: {err}") from None
 

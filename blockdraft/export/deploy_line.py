@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from blockdraft import kinds
+from blockdraft.export.export_info import read_export_info
 from blockdraft.export.importer import CONFIG_NAME, read_config, with_mask_embedding
 from blockdraft.export.mask_embedding import MASK_EMBEDDING_FILE
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
@@ -133,7 +134,4 @@ def export_deploy_line(directory: str | Path, target: Optional[str] = None) -> D
 
 def recorded_target(directory: Path) -> Optional[str]:
     """The target the export was checked against (or trained on), as blockdraft_export.json records it."""
-    from blockdraft.export.writer import EXPORT_INFO  # here: the writer imports this module
-
-    info = Path(directory) / EXPORT_INFO
-    return json.loads(info.read_text()).get("target") if info.is_file() else None
+    return read_export_info(directory).get("target")

@@ -24,6 +24,7 @@ from blockdraft.build_info import build_info
 from blockdraft.durable import fsync_dir, fsync_tree
 from blockdraft.errors import ConfigError
 from blockdraft.integrity import write_checksums
+from blockdraft.export.export_info import EXPORT_INFO
 from blockdraft.export.contract import ContractError, check_state_dict
 from blockdraft.export.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, import_draft, read_config, tensor_headers
 from blockdraft.export.mask_embedding import STATE_NAME, write_mask_embedding
@@ -36,7 +37,6 @@ from blockdraft.export.vllm_config import draft_config_from_vllm_config, fields_
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import DRAFT_CONFIG_NAME, draft_state_dict, load_draft, load_draft_config
 
-EXPORT_INFO = "blockdraft_export.json"
 # In a staging directory from its creation until the export's own files mark it (EXPORT_INFO): only a directory
 # holding one of the two is this exporter's to delete.
 STAGING_MARKER = ".blockdraft_export_staging"

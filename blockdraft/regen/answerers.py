@@ -78,7 +78,8 @@ def _endpoints(cfg: "RegenConfig", tokenizer) -> List[Answerer]:
 def _started(cfg: "RegenConfig", tokenizer, out: Path, stack: ExitStack) -> List[Answerer]:
     """The servers regen starts, on the devices planned for them; `stack` stops them."""
     from blockdraft.regen.endpoints import check_endpoint, still_answers
-    from blockdraft.regen.servers import data_parallel_size, local_server_count, plan_slots, started_servers
+    from blockdraft.regen.server_checks import data_parallel_size
+    from blockdraft.regen.servers import local_server_count, plan_slots, started_servers
     from blockdraft.vllm_runtime.server import visible_gpus
 
     python, device = serving_python_and_device(cfg)
@@ -98,7 +99,7 @@ def _started(cfg: "RegenConfig", tokenizer, out: Path, stack: ExitStack) -> List
 
 def _over_http(cfg: "RegenConfig", tokenizer, check: "EndpointCheck", headers: Dict[str, str], kind: str,
                still_there: Callable[[], bool], devices: Optional[str] = None, log: Optional[Path] = None) -> Answerer:
-    from blockdraft.regen.servers import data_parallel_size
+    from blockdraft.regen.server_checks import data_parallel_size
     from blockdraft.regen.vllm_backend import vllm_reply
 
     reply = vllm_reply(check.url, check.model, tokenizer, cfg.max_tokens, cfg.max_prompt_tokens, cfg.temperature,

@@ -127,7 +127,7 @@ class RegenConfig:
         if not is_cpu_threads_bind(self.cpu_threads_bind):
             raise ConfigError(f"cpu_threads_bind={self.cpu_threads_bind!r}: use auto (vLLM's default), all (every core), "
                               "or a core list such as 0-1.")
-        from blockdraft.regen.servers import check_servers
+        from blockdraft.regen.server_checks import check_servers
 
         check_servers(self)
         return self

@@ -16,7 +16,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.regen.turns import prompt_ids, turn_inputs
 
 if TYPE_CHECKING:
-    from blockdraft.regen.app import RegenConfig
+    from blockdraft.regen.config import RegenConfig
 
 
 @dataclass

@@ -6,7 +6,8 @@ from blockdraft.errors import ConfigError
 from blockdraft.pipeline.keys import without
 from blockdraft.regen.config import RegenConfig
 from blockdraft.regen.endpoints import base_url
-from blockdraft.regen.servers import data_parallel_size, local_server_count, plan_slots, server_arguments
+from blockdraft.regen.server_checks import data_parallel_size
+from blockdraft.regen.servers import local_server_count, plan_slots, server_arguments
 from blockdraft.vllm_runtime import server as server_module
 from blockdraft.vllm_runtime.server import core_list_text, parse_core_list, split_evenly
 

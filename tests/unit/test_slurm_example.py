@@ -115,7 +115,7 @@ def flag(words: list, name: str) -> str:
 @pytest.fixture
 def eight_gpus(monkeypatch):
     """What node 0 and node 1 see: regen checks its servers against the visible GPUs when it composes."""
-    monkeypatch.setattr("blockdraft.regen.servers.visible_gpus", lambda: [str(i) for i in range(GPUS_PER_NODE)])
+    monkeypatch.setattr("blockdraft.regen.server_checks.visible_gpus", lambda: [str(i) for i in range(GPUS_PER_NODE)])
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ COMMANDS = {
     "inspect": ("blockdraft.export", "what an exported draft holds and what vLLM will read (blockdraft inspect <dir>)"),
     "serve": ("blockdraft.serve", "smoke-serve a draft in vLLM: lossless, draft active, acceptance, speedup"),
     "eval": ("blockdraft.eval", "acceptance and speedup of drafts per dataset, greedy and sampled"),
-    "gate": ("blockdraft.serve.gate", "the one-sample gate: does serving compute what training computed?"),
+    "gate": ("blockdraft.gate", "the one-sample gate: does serving compute what training computed?"),
     "suggest": ("blockdraft.models.suggest", "target_layer_ids and mask-token candidates for a target"),
     "demo": ("blockdraft.demo", "the pipeline on SmolLM2-135M-Instruct, offline (what make demo runs)"),
 }

@@ -103,7 +103,7 @@ dry_run() {
   step "the cuda tests collect" "$PY" -m pytest -q --collect-only -m cuda -p no:cacheprovider tests/cuda
   step "the benchmark runs (tiny shapes, CPU)" "$PY" scripts/bench/bench_train_gpu.py --dry-run
   step "the recipe run composes" "$PY" -m blockdraft.train $(recipe_args "$SMOLLM2_DIR" /tmp/gpu_check_dry_run) --cfg job
-  step "the DSpark gate composes (--serve)" "$PY" -m blockdraft.serve.gate $(gate_args "$SMOLLM2_DIR" /tmp/gpu_check_dry_run "$VLLM_PY") --cfg job
+  step "the DSpark gate composes (--serve)" "$PY" -m blockdraft.gate $(gate_args "$SMOLLM2_DIR" /tmp/gpu_check_dry_run "$VLLM_PY") --cfg job
   rm -f "$log"
   [ $fail = 0 ] && echo "dry run: every step is ready" || echo "dry run: some steps would fail" >&2
   return $fail
@@ -189,7 +189,7 @@ gpu_serve() {
   { echo '```'; "$VLLM_PY" -c "import vllm; print('vLLM', vllm.__version__)"; echo "in $VLLM_PY"; echo '```'; } >> "$RESULTS"
   run_step "random-weight SmolLM2-135M" $T_TARGET "$PY" scripts/make_random_target.py "$KIT/smollm2" /tmp/smollm2-random || return 1
   run_step "the gate on a DSpark draft: vLLM, method dspark, bfloat16" $T_GATE \
-    "$PY" -m blockdraft.serve.gate $(gate_args /tmp/smollm2-random /tmp/gpu-dspark-gate "$VLLM_PY") || failed=1
+    "$PY" -m blockdraft.gate $(gate_args /tmp/smollm2-random /tmp/gpu-dspark-gate "$VLLM_PY") || failed=1
   if [ -f /tmp/gpu-dspark-gate/gate.json ]; then
     section "the DSpark gate: what vLLM served"
     { echo '```'; gate_summary /tmp/gpu-dspark-gate; echo '```'; } >> "$RESULTS"

@@ -38,7 +38,7 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 # Modules the GPU steps import (training, capture, the CUDA tests' helpers, the --serve gate); none may
 # need an optional package.
 GPU_STEP_MODULES = ["blockdraft.train.__main__", "blockdraft.train.loop", "blockdraft.capture.stage",
-                    "blockdraft.train.validation", "blockdraft.export.__main__", "blockdraft.serve.gate",
+                    "blockdraft.train.validation", "blockdraft.export.__main__", "blockdraft.gate",
                     "blockdraft.serve.harness", "blockdraft.serve.preflight"]
 
 

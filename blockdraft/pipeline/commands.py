@@ -133,7 +133,7 @@ def stage_argv(stage: str, s: PipelineSettings, use_store: bool, batch: Sequence
         "capture": lambda: capture_argv(s),
         "train": lambda: train_argv(s, use_store, batch),
         "export": lambda: [python(), "-m", "blockdraft.export", *export_overrides(s)],
-        "gate": lambda: [python(), "-m", "blockdraft.serve.gate", *gate_words(s)],
+        "gate": lambda: [python(), "-m", "blockdraft.gate", *gate_words(s)],
         "serve": lambda: [python(), "-m", "blockdraft.serve", *serve_overrides(s)],
     }[stage]()
 
@@ -174,7 +174,7 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
         out["serve"].vllm_python_path()  # the serving environment exists
         check_server_method(out["serve"])
     if s.gate:
-        from blockdraft.serve.gate import parse_arguments
+        from blockdraft.gate.app import parse_arguments
 
         out["gate"] = parse_arguments(gate_words(s))
     return out

@@ -62,7 +62,7 @@ def gate_training(gate_cfg):
     """The training config the gate composes for its sample: the draft and the training it gets."""
     from omegaconf import OmegaConf
 
-    from blockdraft.serve.gate import training_config
+    from blockdraft.gate.app import training_config
 
     return OmegaConf.to_object(training_config(gate_cfg, Path(gate_cfg.out).absolute(), gate_cfg.max_tokens))
 

@@ -2,7 +2,7 @@
 draft memorise the target's reply and vLLM on CPU accepts nearly every drafted token; an export
 with its target_layer_ids shifted by one fails it. DFlash is gated at block 16 on a 26-token reply,
 where even a perfect draft stays far below 0.9 x 16 in training and in serving: it passes, its
-floors being what a perfect draft reaches on that reply (serve/gate_floors.py).
+floors being what a perfect draft reaches on that reply (gate/floors.py).
 
 `make test` gates DFlash (one vLLM start); JetSpec and the reduced vocabulary are gated in `make
 test-slow`, while faster tests in `make test` hold what vLLM reads of them: vLLM parses the exports'
@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from blockdraft.data.prompt_record import RECORD_NAME, PromptRecord, prompt_hash
-from blockdraft.serve import gate
+from blockdraft.gate import app as gate
 from tests.integration.conftest import REDUCED_VOCAB, REPO
 
 SERVE_PYTHON = REPO / ".venv-serve" / "bin" / "python"

@@ -15,7 +15,8 @@ from blockdraft.eval import runner
 from blockdraft.eval.__main__ import evaluate
 from blockdraft.eval.config import EvalAppConfig
 from blockdraft.models.tiny_target import save_tiny_target
-from blockdraft.serve import gate, harness
+from blockdraft.gate import app as gate
+from blockdraft.serve import harness
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.held_out_check import check_gate_prompt
 from blockdraft.serve.preflight import plan_serving

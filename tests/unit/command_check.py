@@ -26,7 +26,7 @@ ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 APP_MODULES = {
     "blockdraft.pipeline": "pipeline", "blockdraft.regen": "regen",
     "blockdraft.capture": "capture", "blockdraft.train": "train", "blockdraft.export": "export",
-    "blockdraft.serve": "serve", "blockdraft.eval": "eval", "blockdraft.serve.gate": "gate",
+    "blockdraft.serve": "serve", "blockdraft.eval": "eval", "blockdraft.gate": "gate",
     "blockdraft.models.suggest": "suggest", "blockdraft.demo": "demo",
 }
 TARGET_KEYS = ("target", "target_dir", "target.path")

@@ -55,7 +55,7 @@ def main_status(*args) -> int:
 
 # In this process the suite has imported those modules already, which runpy warns of; a console run has not.
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")
-@pytest.mark.parametrize("command,needle", [("gate", "python -m blockdraft.serve.gate target=<HF dir>"),
+@pytest.mark.parametrize("command,needle", [("gate", "python -m blockdraft.gate target=<HF dir>"),
                                             ("pipeline", "blockdraft pipeline target=<HF dir> out=<dir>"),
                                             ("suggest", "python -m blockdraft.models.suggest <target_dir>")])
 def test_subcommands_without_hydra_have_help_too(command, needle, capsys):

@@ -8,7 +8,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from blockdraft.serve.gate_floors import drafted_tokens, serving_ceiling, training_ceiling
+from blockdraft.gate.floors import drafted_tokens, serving_ceiling, training_ceiling
 from blockdraft.train.anchors import build_blocks, sample_anchors, valid_anchor_mask
 from blockdraft.train.metrics import accept_length
 

@@ -5,7 +5,7 @@ import pytest
 
 from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
 from blockdraft.errors import ConfigError
-from blockdraft.serve.gate_response import MIN_REPLY_TOKENS, round_trip_prefix
+from blockdraft.gate.response import MIN_REPLY_TOKENS, round_trip_prefix
 
 LONE_CONTINUATION_BYTE = 0x80  # decodes to U+FFFD, which encodes as three other bytes
 

@@ -5,7 +5,7 @@ import pytest
 
 from blockdraft.errors import ConfigError
 from blockdraft.models.tiny_target import save_tiny_target
-from blockdraft.serve import gate
+from blockdraft.gate import app as gate
 from tests.integration.conftest import REPO
 
 TARGET = REPO / ".cache" / "targets" / "tiny-qwen3"

@@ -8,9 +8,9 @@ import pytest
 
 import blockdraft
 from blockdraft.build_info import git_commit
-from blockdraft.serve.gate import VERDICT_NAME, Ceilings, GateConfig, Served, judge
-from blockdraft.serve.gate_floors import serving_ceiling, training_ceiling
-from blockdraft.serve.gate_response import Sample
+from blockdraft.gate.app import VERDICT_NAME, Ceilings, GateConfig, Served, judge
+from blockdraft.gate.floors import serving_ceiling, training_ceiling
+from blockdraft.gate.response import Sample
 
 REPLY = list(range(10, 58))
 

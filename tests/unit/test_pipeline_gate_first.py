@@ -51,7 +51,7 @@ class Commands:
     def run(self, argv, log=None):
         module = argv[argv.index("-m") + 1]
         self.ran.append(module)
-        if module != "blockdraft.serve.gate":
+        if module != "blockdraft.gate":
             raise self.Reached(module)
         out = next(w.split("=", 1)[1] for w in argv if w.startswith("out="))
         (REPO / out).mkdir(parents=True, exist_ok=True)
@@ -68,19 +68,19 @@ def test_a_failing_gate_stops_the_run_before_regen_with_the_verdict_and_the_fix(
     commands = Commands(monkeypatch, FAILED)
     assert app.main(words(tmp_path, "gate=true")) == 1
     err = capsys.readouterr().err
-    assert commands.ran == ["blockdraft.serve.gate"]  # nothing of regen, capture or training
+    assert commands.ran == ["blockdraft.gate"]  # nothing of regen, capture or training
     assert "the gate failed before the long stages (undertrained): training did not memorise" in err
     assert "raise gate.max_steps=" in err and "force=[gate]" in err and "gate=false" in err
     # A rerun keeps the finished gate (its verdict stays), and stops again without running it.
     assert app.main(words(tmp_path, "gate=true")) == 1
-    assert commands.ran == ["blockdraft.serve.gate"] and "gate: cached" in capsys.readouterr().out
+    assert commands.ran == ["blockdraft.gate"] and "gate: cached" in capsys.readouterr().out
 
 
 def test_a_passing_gate_lets_the_long_stages_follow_and_is_kept_by_a_rerun(target, serving, tmp_path, monkeypatch, capsys):
     commands = Commands(monkeypatch, PASSED)
     with pytest.raises(Commands.Reached, match="blockdraft.regen"):
         app.main(words(tmp_path, "gate=true"))
-    assert commands.ran == ["blockdraft.serve.gate", "blockdraft.regen"]
+    assert commands.ran == ["blockdraft.gate", "blockdraft.regen"]
     assert "gate: passed (vllm: serving accepted 13.00" in capsys.readouterr().out
     with pytest.raises(Commands.Reached):  # a retrain: the gate is kept
         app.main(words(tmp_path, "gate=true", "optim.lr=1e-3"))
@@ -90,7 +90,7 @@ def test_a_passing_gate_lets_the_long_stages_follow_and_is_kept_by_a_rerun(targe
 def gate_key(out, *extra):
     """The gate stage's key, from the gate's config as the pipeline composes it (commands.composed)."""
     from blockdraft.pipeline import commands
-    from blockdraft.serve.gate import parse_arguments
+    from blockdraft.gate.app import parse_arguments
 
     s = parse_overrides(words(out, "gate=true", *extra))
     s.out = str(out)
@@ -131,7 +131,7 @@ def test_a_torn_verdict_is_never_cached_and_is_found_on_the_next_run(target, ser
 
     def torn(argv, log=None):  # a full disk: the verdict cut short, the gate's status still 0
         code = real(argv, log)
-        if argv[argv.index("-m") + 1] == "blockdraft.serve.gate":
+        if argv[argv.index("-m") + 1] == "blockdraft.gate":
             verdict = next(REPO / w.split("=", 1)[1] for w in argv if w.startswith("out=")) / "gate.json"
             verdict.write_text(verdict.read_text()[:20])
         return code
@@ -149,4 +149,4 @@ def test_a_torn_verdict_is_never_cached_and_is_found_on_the_next_run(target, ser
     commands.ran.clear()
     with pytest.raises(Commands.Reached, match="blockdraft.regen"):
         app.main(words(tmp_path, "gate=true"))
-    assert commands.ran == ["blockdraft.serve.gate", "blockdraft.regen"]
+    assert commands.ran == ["blockdraft.gate", "blockdraft.regen"]

@@ -1,6 +1,6 @@
 """The one-sample fidelity gate: does serving compute what training computed?
 
-    python -m blockdraft.serve.gate target=<HF dir> [out=runs/gate] [prompt="..."] \
+    python -m blockdraft.gate target=<HF dir> [out=runs/gate] [prompt="..."] \
         [draft=<kind>] [draft.<key>=...] [train.<key>=...] [experiment=<recipe>] ...
 
 It takes the target's own greedy reply to one prompt, trains a draft on that single row
@@ -9,7 +9,7 @@ length on the row is below min_ratio x what a perfect draft reaches there), expo
 and serves it on that prompt (vLLM where it can run the draft, the reference engine otherwise,
 as the smoke-serve check decides). Serving must then accept about what training reached on the
 same row: at least min_ratio x a perfect draft's serving acceptance on the reply, scaled by the
-share of a perfect draft's accept_len training reached (serve/gate_floors.py: a short reply
+share of a perfect draft's accept_len training reached (gate/floors.py: a short reply
 holds even a perfect draft below block_size). Anything that differs between training and
 serving (layer offsets, positions, masks, names, dtypes) makes it fall far short, in minutes
 and with no data. A draft that never memorised the row is its own verdict ("undertrained"),
@@ -30,7 +30,7 @@ from typing import List, Optional
 from blockdraft.durable import write_json
 from blockdraft.build_info import build_info
 from blockdraft.errors import ConfigError
-from blockdraft.serve.gate_response import DATA_NAME, PROMPT_NAME, Sample, make_sample, read_sample
+from blockdraft.gate.response import DATA_NAME, PROMPT_NAME, Sample, make_sample, read_sample
 
 VERDICT_NAME = "gate.json"
 CEILINGS_NAME = "perfect_draft.json"  # what a perfect draft reaches on the sample in training
@@ -215,7 +215,7 @@ def run_gate(cfg: GateConfig) -> dict:
 
 @dataclass
 class Ceilings:
-    """Training on the sample (serve/gate_floors.py): a perfect draft's accept_len (None: no valid anchor)
+    """Training on the sample (gate/floors.py): a perfect draft's accept_len (None: no valid anchor)
     and the valid anchors it is the mean over."""
 
     training: Optional[float]
@@ -228,7 +228,7 @@ def sample_ceilings(cfg: GateConfig, out: Path, sample: Sample) -> Ceilings:
     from transformers import AutoTokenizer
 
     from blockdraft.data.tokenize import RowRejected, tokenize_row
-    from blockdraft.serve.gate_floors import drafted_tokens, training_ceiling
+    from blockdraft.gate.floors import drafted_tokens, training_ceiling
 
     composed = training_config(cfg, out, len(sample.reply_ids))
     data = composed.data
@@ -339,7 +339,7 @@ def judge(cfg: GateConfig, out: Path, sample: Sample, served: Served, ceilings: 
     perfect draft reaches there (a short reply holds even a perfect draft below block_size): serving's far
     below training's is a serving fault; a draft that never memorised the sample is its own verdict,
     whatever serving did."""
-    from blockdraft.serve.gate_floors import serving_ceiling
+    from blockdraft.gate.floors import serving_ceiling
     from blockdraft.serve.verdict import first_difference
 
     acceptance = 1.0 + served.num_accepted / served.num_drafts if served.num_drafts else 0.0
@@ -448,11 +448,3 @@ def main(argv: List[str]) -> int:
     say(f"{'PASSED' if verdict['passed'] else 'FAILED'}: {Path(cfg.out) / VERDICT_NAME}")
     return 0 if verdict["passed"] else 1
 
-
-if __name__ == "__main__":
-    import signal
-
-    from blockdraft.serve import cli
-
-    signal.signal(signal.SIGTERM, cli.terminate_as_interrupt)
-    sys.exit(main(sys.argv[1:]))

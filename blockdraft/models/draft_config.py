@@ -92,11 +92,7 @@ class DraftModelConfig:
         spec = kinds.get(self.kind)
         check_layer_ids(self.target_layer_ids, self.num_target_layers)
         check_mask_token(self.mask_token_id, self.vocab_size, self.forbidden_mask_ids)
-        if self.block_size < 2:
-            raise ConfigError(
-                f"draft.block_size={self.block_size}: a block needs the anchor and at least one "
-                "drafted slot. Set draft.block_size >= 2 (16 is the usual choice)."
-            )
+        check_block_size(self.block_size)
         if self.num_hidden_layers < 1:
             raise ConfigError(f"draft.num_layers={self.num_hidden_layers}: set draft.num_layers >= 1.")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -186,6 +182,13 @@ def check_draft_vocab(kind: str, n: int, vocab_size: Optional[int] = None) -> No
         upper = f", {vocab_size})" if vocab_size is not None else ")"
         raise ConfigError(f"draft.draft_vocab_size={n} must be in [1{upper} (the target's vocabulary); use null for the "
                           "full vocabulary (8192 or 32768 are usual reduced sizes).")
+
+
+def check_block_size(block_size: int, key: str = "draft.block_size") -> None:
+    """The one rule training, the anchors and a resolved config apply: the anchor and at least one drafted slot."""
+    if block_size < 2:
+        raise ConfigError(f"{key}={block_size}: a block needs the anchor and at least one drafted slot. "
+                          f"Set {key} >= 2 (16 is the usual choice).")
 
 
 def check_layer_ids(ids, num_target_layers: int) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from blockdraft.errors import ConfigError
+from blockdraft.models.draft_config import check_block_size
 
 LOSS_TYPES = ("block", "variable_prefix")
 
@@ -40,11 +41,7 @@ class BlockBatch:
 
 
 def _check_block_size(block_size: int) -> None:
-    if block_size < 2:
-        raise ConfigError(
-            f"block_size={block_size}: a block needs the anchor and at least one "
-            "predicted slot; set block_size >= 2"
-        )
+    check_block_size(block_size, key="block_size")
 
 
 def valid_anchor_mask(

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from blockdraft import kinds
 from blockdraft.errors import ConfigError
-from blockdraft.models.draft_config import check_draft_vocab as check_kind_draft_vocab
+from blockdraft.models.draft_config import check_block_size, check_draft_vocab as check_kind_draft_vocab
 # The target group's checks live below train (capture settles them too); the loop imports them from here.
 from blockdraft.models.target_checks import check_target_path, resolve_dtype, resolve_target_dtype  # noqa: F401
 from blockdraft.train.config import TrainAppConfig
@@ -45,8 +45,7 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
     check_optim_config(cfg.optim)
     if t.attention_backend not in ATTENTION_BACKENDS:
         raise ConfigError(f"train.attention_backend={t.attention_backend!r}; use one of {list(ATTENTION_BACKENDS)}.")
-    if cfg.draft.block_size < 2:
-        raise ConfigError(f"draft.block_size={cfg.draft.block_size}: a block needs the anchor and one drafted slot; set >= 2.")
+    check_block_size(cfg.draft.block_size)
     check_sliding_window(cfg.draft)
     if cfg.draft.mask_token_id is None:
         from blockdraft.models.mask_choice import missing_mask_message

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import List, Mapping, Tuple
 
 from blockdraft.errors import ConfigError
+from blockdraft.kinds.registry import causal_in_block_kind
 from blockdraft.models.draft_config import SLIDING
 
 
@@ -32,7 +33,8 @@ def layer_is_sliding(config: Mapping, layer: int) -> bool:
 
 
 def kind_with_causality(kind: str, config: Mapping, where: str) -> str:
-    """A DFlash-architecture config is 'jetspec' when vLLM runs it causally throughout."""
+    """A config vLLM runs causally throughout is the kind of its architecture that is causal in the block
+    (a DFlashDraftModel one is JetSpec)."""
     return kind_and_sliding_causal(kind, config, where)[0]
 
 
@@ -41,8 +43,9 @@ def kind_and_sliding_causal(kind: str, config: Mapping, where: str) -> Tuple[str
     causal = vllm_layer_causality(config)
     if not any(causal):
         return kind, False
-    if kind == "dflash" and all(causal):
-        return "jetspec", False
+    causal_kind = causal_in_block_kind(kind)
+    if causal_kind is not None and all(causal):
+        return causal_kind, False
     if all(c == layer_is_sliding(config, i) for i, c in enumerate(causal)):
         return kind, True
     raise ConfigError(

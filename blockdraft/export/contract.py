@@ -1,4 +1,5 @@
-"""The weight names and shapes vLLM's DFlash / DFlash2 loaders accept, derived from the config.
+"""The weight names and shapes vLLM's DFlash-family loaders accept, derived from the config: the DFlash
+backbone here, each kind's own tensors from its folder (KindSpec.weight_shapes).
 
 Written from the contract (docs/vllm-dflash-contract.md), not from the draft modules,
 so checking a module's state_dict against it actually checks the module. vLLM does not
@@ -7,12 +8,12 @@ notice a missing weight (it stays uninitialised memory), so completeness is chec
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Tuple
+from typing import Dict, Mapping
 
-from blockdraft.export.lilicorr_contract import lilicorr_head_shapes
+from blockdraft import kinds
+from blockdraft.kinds.spec import Shape
 from blockdraft.models.draft_config import DraftModelConfig
 
-Shape = Tuple[int, ...]
 # A config describing another draft altogether mismatches every tensor; the first lines say enough.
 MAX_LISTED = 40
 
@@ -30,16 +31,7 @@ def expected_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
     }
     for i in range(cfg.num_hidden_layers):
         shapes.update(_layer_shapes(cfg, f"layers.{i}."))
-        if cfg.kind == "dflash2" or (cfg.kind == "lilicorr" and cfg.conv_kernel_size):
-            shapes.update(_conv_shapes(cfg, f"layers.{i}."))
-    if cfg.kind == "dflash2":
-        shapes.update(_selector_shapes(cfg))
-    if cfg.kind == "domino":
-        shapes.update(_correction_shapes(cfg))
-    if cfg.kind == "dspark":
-        shapes.update(_dspark_head_shapes(cfg))
-    if cfg.kind == "lilicorr":
-        shapes.update(lilicorr_head_shapes(cfg))
+    shapes.update(kinds.get(cfg.kind).weight_shapes(cfg))
     if cfg.train_mask_embedding:
         # In a checkpoint a tensor like any other; an export keeps it in mask_embedding.pt.
         shapes["mask_embedding"] = (h,)
@@ -66,64 +58,6 @@ def _layer_shapes(cfg: DraftModelConfig, p: str) -> Dict[str, Shape]:
         p + "mlp.up_proj.weight": (i, h),
         p + "mlp.down_proj.weight": (h, i),
     }
-
-
-def _conv_shapes(cfg: DraftModelConfig, p: str) -> Dict[str, Shape]:
-    h, taps = cfg.hidden_size, cfg.conv_kernel_size
-    # conv_group_size is channels per group: the projection emits one coefficient per group.
-    projection = (2 * taps * (h // cfg.conv_group_size), h)
-    out: Dict[str, Shape] = {}
-    for conv in ("attention_conv", "mlp_conv"):
-        out[f"{p}{conv}.base_kernel"] = (2, taps, h)
-        out[f"{p}{conv}.kernel_projection.weight"] = projection
-    return out
-
-
-def _selector_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
-    v, r = cfg.vocab_size, cfg.selector_rank
-    return {
-        "candidate_selector.predecessor_codebook": (v, r),
-        "candidate_selector.successor_codebook": (v, r),
-        "candidate_selector.hidden_projection.weight": (r, cfg.hidden_size),
-    }
-
-
-def _correction_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
-    """Domino's head (kinds/domino/model.py): not a vLLM contract, since vLLM has no Domino drafter, but
-    the importer and the reference engine hold an export to it the same way."""
-    h, s, r = cfg.hidden_size, cfg.correction_hidden_size, cfg.correction_rank
-    return {
-        "correction.gru.weight_ih": (3 * s, h),
-        "correction.gru.weight_hh": (3 * s, s),
-        "correction.down.weight": (r, h + s),
-        "correction.up.weight": (cfg.vocab_size, r),
-    }
-
-
-def _dspark_head_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
-    """vLLM's DSparkMarkovHead and DSparkConfidenceHead (qwen3_dspark.py), under the loader's `model.` prefix."""
-    r = cfg.markov_rank
-    shapes: Dict[str, Shape] = {
-        "markov_head.markov_w1.weight": (cfg.vocab_size, r),
-        "markov_head.markov_w2.weight": (cfg.draft_vocab_size or cfg.vocab_size, r),
-    }
-    if cfg.enable_confidence_head:
-        shapes["confidence_head.proj.weight"] = (1, cfg.hidden_size + (r if cfg.confidence_head_with_markov else 0))
-        shapes["confidence_head.proj.bias"] = (1,)
-    return shapes
-
-
-def is_dspark_only(name: str) -> bool:
-    return name.startswith(("markov_head.", "confidence_head."))
-
-
-def is_domino_only(name: str) -> bool:
-    return name.startswith("correction.")
-
-
-def is_dflash2_only(name: str) -> bool:
-    """Weights only a DFlash2 draft has: loading them as DFlash would silently drop them."""
-    return ".attention_conv." in name or ".mlp_conv." in name or name.startswith("candidate_selector.")
 
 
 def contract_problems(state: Mapping, cfg: DraftModelConfig) -> list[str]:

@@ -10,20 +10,25 @@ and head, and whose t2d, are not the draft's and are dropped by name.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import re
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from safetensors.torch import load_file
 
+from blockdraft import kinds
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes, is_dflash2_only, is_domino_only
+from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes
 from blockdraft.export.mask_embedding import STATE_NAME, check_mask_token, read_mask_embedding
 from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
 from blockdraft.export.speculators_format import is_speculators_config
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.integrity import verify_checksums
+from blockdraft.kinds.spec import KindSpec
 from blockdraft.models import build_draft
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import DRAFT_CONFIG_NAME, as_fp32
@@ -167,44 +172,70 @@ def canonical_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
 
 
 def check_kind_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:
-    """A DFlash2 draft is never read as DFlash (its conv and selector would be dropped), nor the reverse;
-    likewise a Domino draft and its correction head."""
-    check_domino_consistency(state, cfg, directory)
-    if cfg.kind != "dflash2":
-        # LiLiCorr with its convolution carries DFlash2's conv tensors: those are its own.
-        own = expected_shapes(cfg)
-        extra = sorted(k for k in state if is_dflash2_only(k) and k not in own)
-        if extra:
-            raise ContractError(
-                f"{directory / CONFIG_NAME} declares a DFlash draft, but the weights carry DFlash2 "
-                f"conv/selector tensors: {_some(extra)}. Loading it as DFlash would silently drop them. "
-                'If it is a DFlash2 draft, set architectures to ["DFlash2DraftModel"] and add '
-                "dflash_config.conv_kernel_size, conv_group_size, selector_rank and selector_top_k."
-            )
-        return
-    missing = sorted(k for k in expected_shapes(cfg) if is_dflash2_only(k) and k not in state)
+    """Tensors only another kind holds (KindSpec.weight_shapes) are refused under this kind's config: loading
+    them as this kind would silently drop them. So are this kind's own tensors where the file lacks them: vLLM
+    would serve uninitialised memory in their place."""
+    where = directory / CONFIG_NAME
+    spec = kinds.get(cfg.kind)
+    own = {_any_layer(name) for name in expected_shapes(cfg)}
+    other, theirs = _likeliest_owner([name for name in sorted(state) if _any_layer(name) not in own], cfg)
+    if other is not None:
+        text = (other.stray_weights_refusal(spec, _some(theirs)) if other.stray_weights_refusal
+                else _stray_weights_refusal(spec, other, _as_kind(cfg, other), _some(theirs)))
+        raise ContractError(f"{where} {text}")
+    missing = sorted(name for name in spec.weight_shapes(cfg) if name not in state)
     if missing:
+        served = " vLLM would serve uninitialised memory in their place." if spec.vllm_method else ""
         raise ContractError(
-            f"{directory / CONFIG_NAME} declares a DFlash2 draft, but the weights lack its conv/selector "
-            f"tensors: {_some(missing)}. vLLM would serve uninitialised memory in their place. "
-            "Export the DFlash2 checkpoint these weights came from, or declare it DFlashDraftModel if it is one."
+            f"{where} declares a {spec.title} draft, but the weights lack its {spec.weights_label} tensors: "
+            f"{_some(missing)}.{served} Export the {spec.title} checkpoint these weights came from, or set "
+            "architectures to the draft's real kind."
         )
 
 
-def check_domino_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:
-    found = sorted(k for k in state if is_domino_only(k))
-    if cfg.kind != "domino" and found:
-        raise ContractError(
-            f"{directory / CONFIG_NAME} declares a {cfg.kind} draft, but the weights carry Domino correction "
-            f"tensors: {_some(found)}. Loading it as {cfg.kind} would silently drop them. If it is a Domino draft, "
-            'set architectures to ["DominoDraftModel"] and add dflash_config.correction_hidden_size and correction_rank.'
-        )
-    missing = sorted(k for k in expected_shapes(cfg) if is_domino_only(k) and k not in state)
-    if cfg.kind == "domino" and missing:
-        raise ContractError(
-            f"{directory / CONFIG_NAME} declares a Domino draft, but the weights lack its correction head: "
-            f"{_some(missing)}. Export the Domino checkpoint these weights came from, or declare the draft's real kind."
-        )
+def _any_layer(name: str) -> str:
+    """The name with its layer indices blanked: a tensor of another layer count is still the same kind's."""
+    return re.sub(r"\.\d+\.", ".#.", name)
+
+
+def _likeliest_owner(foreign: List[str], cfg: DraftModelConfig) -> Tuple[Optional[KindSpec], List[str]]:
+    """The other kind naming the most of `foreign` (the first registered on a tie), and the ones it names."""
+    best: Tuple[Optional[KindSpec], List[str]] = (None, [])
+    if not foreign:
+        return best
+    for other in kinds.all_kinds():
+        if other.name == cfg.kind:
+            continue
+        names = {_any_layer(name) for name in other.weight_shapes(_as_kind(cfg, other))}
+        theirs = [name for name in foreign if _any_layer(name) in names]
+        if len(theirs) > len(best[1]):
+            best = (other, theirs)
+    return best
+
+
+def _as_kind(cfg: DraftModelConfig, spec: KindSpec) -> DraftModelConfig:
+    """This draft's shape as a draft of kind `spec` with that kind's default settings: which tensors it would
+    hold, whatever this kind's values of keys they share (LiLiCorr's conv_kernel_size is DFlash2's)."""
+    other = copy.copy(cfg)
+    other.kind = spec.name
+    for f in dataclasses.fields(cfg):
+        if f.name in spec.settings and f.default is not dataclasses.MISSING:
+            setattr(other, f.name, f.default)
+    return other
+
+
+def _stray_weights_refusal(declared: KindSpec, other: KindSpec, other_cfg: DraftModelConfig, listed: str) -> str:
+    dflash, top = other.export_keys(other_cfg)
+    keys = ([f"dflash_config.{_and(list(dflash))}"] if dflash else []) + ([f"the top-level {_and(list(top))}"] if top else [])
+    return (
+        f"declares a {declared.title} draft, but the weights carry {other.title} {other.weights_label} tensors: "
+        f"{listed}. Loading it as {declared.title} would silently drop them. If it is a {other.title} draft, "
+        f"set architectures to {json.dumps([other.architecture])}" + (f" and add {' and '.join(keys)}." if keys else ".")
+    )
+
+
+def _and(names: List[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def check_d2t(state: Dict[str, torch.Tensor], cfg: DraftModelConfig, directory: Path) -> None:

@@ -7,8 +7,9 @@ comparisons:
 - against the trained module with its weights rounded to the export dtype: must be
   exact up to fp32 noise, so any config or name drift shows however small;
 - against the trained module as it is: within a tolerance for the dtype's rounding.
-DFlash2 also compares the selector's scores, LiLiCorr its lattice scores, Domino its corrected
-logits, and DSpark its Markov-corrected logits and confidence logits, which the base logits never touch.
+Each kind's own outputs are compared too (KindSpec.probe_outputs): DFlash2's selector scores, LiLiCorr's
+lattice scores, Domino's corrected logits, DSpark's Markov-corrected logits and confidence logits, which the
+base logits never touch.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import List, Optional
 import torch
 from torch import nn
 
+from blockdraft import kinds
 from blockdraft.export.importer import import_draft
 from blockdraft.models.draft_config import DraftModelConfig
 
@@ -98,37 +100,15 @@ def make_probe(cfg: DraftModelConfig, lm_head_weight: Optional[torch.Tensor] = N
 
 @torch.no_grad()
 def run_probe(draft: nn.Module, probe: Probe) -> torch.Tensor:
-    """Logits [1, 2B, V], with DFlash2's selector scores [1, 2B, k], LiLiCorr's lattice scores [1, 2B, k*k] or
-    Domino's corrected logits [1, 2B, V] (teacher-forced on the probe's predecessors) appended along the last dim."""
+    """Logits [1, 2B, V], with the kind's own outputs (KindSpec.probe_outputs: DFlash2's selector scores
+    [1, 2B, k], LiLiCorr's lattice scores [1, 2B, k*k], Domino's corrected logits [1, 2B, V], ...) appended along
+    the last dim."""
     cfg = draft.config
     kv = draft.context_kv(probe.features, probe.context_positions)
     hidden = draft(draft.embed(probe.block_ids, probe.embed), probe.block_positions, kv, None, cfg.block_size)
     logits = draft.draft_logits(hidden, probe.lm_head)  # a reduced vocabulary: its own head, no -inf fill
-    if cfg.kind == "domino":
-        predecessors = probe.predecessor_ids.view(2, cfg.block_size)  # the probe's two blocks
-        states = draft.correction_states(predecessors, probe.embed).view(1, 2 * cfg.block_size, -1)
-        return torch.cat([logits, draft.corrected_logits(hidden, states, probe.lm_head)], dim=-1)
-    if cfg.kind == "dspark":
-        parts = [logits, draft.corrected_logits(hidden, probe.predecessor_ids, probe.lm_head)]
-        if draft.confidence_head is not None:
-            parts.append(draft.confidence_logits(draft.joint_hidden(hidden, probe.predecessor_ids)).unsqueeze(-1))
-        return torch.cat(parts, dim=-1)
-    if cfg.kind == "lilicorr":
-        return torch.cat([logits, _lattice_scores(draft, probe, hidden)], dim=-1)
-    if cfg.kind != "dflash2":
-        return logits
-    scores = draft.candidate_selector.score(hidden, probe.predecessor_ids, probe.candidate_ids, probe.candidate_logits)
-    return torch.cat([logits, scores], dim=-1)
-
-
-def _lattice_scores(draft: nn.Module, probe: Probe, hidden: torch.Tensor) -> torch.Tensor:
-    """LiLiCorr's lattice scores of the probe's two blocks, anchored on the last context state, laid out
-    [1, 2B, k*k] (zeros at each block's anchor slot, which the head does not score)."""
-    b = draft.config.block_size
-    slots = hidden.view(2, b, -1)[:, 1:]
-    anchor = draft.project_context(probe.features[:, -1]).expand(2, -1)
-    _, scores = draft.lattice_scores(slots, probe.lm_head, probe.embed, anchor)  # [2, B-1, k, k]
-    return torch.nn.functional.pad(scores.flatten(2), (0, 0, 1, 0)).view(1, 2 * b, -1)
+    extra = kinds.get(cfg.kind).probe_outputs(draft, probe, hidden)
+    return torch.cat([logits, *extra], dim=-1) if extra else logits
 
 
 def rounded_copy(draft: nn.Module, dtype: str) -> nn.Module:

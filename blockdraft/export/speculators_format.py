@@ -37,7 +37,9 @@ from blockdraft.kinds.dspark.export import SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAUL
 from blockdraft.models.draft_config import SLIDING, DraftModelConfig
 
 TYPE_KEY = "speculators_model_type"
-# The vLLM architecture each speculators kind is read as (vLLM 0.32's converter picks the same ones).
+# The vLLM architecture each speculators kind is read as (vLLM 0.32's converter picks the same ones). Keyed by
+# speculators' own type names, another stack's vocabulary: each type is read through this module's conversion
+# of it (its defaults, its keys, its attention), which a registry field naming a kind's type would not bring.
 READ_TYPES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}
 # speculators' own default of `sliding_window_non_causal` per kind (its config classes), what a
 # checkpoint that lacks the key was trained with.

@@ -90,3 +90,13 @@ def recognized(kind: str, config) -> str:
         if spec.recognize is not None and spec.name != kind and spec.recognize(kind, config):
             return spec.name
     return kind
+
+
+def causal_in_block_kind(kind: str) -> Optional[str]:
+    """The kind sharing `kind`'s architecture whose slots attend causally inside the block (JetSpec for DFlash):
+    what a config of that architecture, causal in every layer, holds. None where there is none."""
+    architecture = get(kind).architecture
+    for spec in all_kinds():
+        if spec.architecture == architecture and spec.causal_in_block:
+            return spec.name
+    return None

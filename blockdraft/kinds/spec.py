@@ -2,9 +2,10 @@
 
 Every stage asks the entry, never the kind's name: training builds `model`, checks `check` and trains with the
 model's own loss hooks; export writes `architecture` and the kind's keys (`export_keys`) and reads them back
-(`read_keys`); serving takes vLLM's method, whether only vLLM's V2 model runner serves the kind, or why vLLM
-cannot serve it at all. A kind's folder (`blockdraft/kinds/<kind>/`) holds its model, its checks and its
-export mapping, and registers one `KindSpec` (docs/adding-a-kind.md).
+(`read_keys`), checks its tensors against vLLM's contract (`weight_shapes`) and its reload (`probe_outputs`);
+serving takes vLLM's method, whether only vLLM's V2 model runner serves the kind, or why vLLM cannot serve it
+at all, and what to warn of (`serving_warnings`). A kind's folder (`blockdraft/kinds/<kind>/`) holds its model,
+its checks and its export mapping, and registers one `KindSpec` (docs/adding-a-kind.md).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Tuple
+
+Shape = Tuple[int, ...]
 
 
 def _no_keys(_cfg) -> tuple:
@@ -24,6 +27,10 @@ def _nothing(*_args) -> dict:
 
 def _no_check(*_args) -> None:
     return None
+
+
+def _none(*_args) -> list:
+    return []
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,20 @@ class KindSpec:
     """(its settings as the user set them, the draft's width) -> its resolved settings (nulls filled in)."""
     required_keys: Tuple[str, ...] = ()
     """dflash_config keys serving cannot do without (vLLM reads them without a default)."""
+    weight_shapes: Callable = _nothing
+    """(DraftModelConfig) -> {name: shape} of its own tensors beyond the DFlash backbone, as vLLM's loader names
+    them. Written from vLLM's module for the kind, not from its model, so checking a state_dict checks the model.
+    The importer refuses them under another kind's config, and a file of this kind that lacks one."""
+    weights_label: str = "head"
+    """How messages name those tensors ("conv/selector")."""
+    stray_weights_refusal: Optional[Callable] = None
+    """(the declared kind's entry, its tensors listed) -> the refusal of its tensors found under another kind's
+    config, where its wording is its own; None: the importer's generic one."""
+    probe_outputs: Callable = _none
+    """(draft, the reload check's Probe, the probe's hidden states [1, 2B, H]) -> its outputs beyond the logits,
+    each [1, 2B, *], which the reload check compares too: its heads, which the logits never touch."""
+    serving_warnings: Callable = _none
+    """(VllmInfo, DraftFacts) -> lines to warn of when serving it with that vLLM."""
     extra: Mapping = field(default_factory=dict)
     """Anything a kind's own code needs to keep beside its entry."""
 

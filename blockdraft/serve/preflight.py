@@ -377,16 +377,6 @@ def check_cpu_head_sizes(info: VllmInfo, draft: DraftFacts, target: TargetFacts)
             )
 
 
-def anchor_clamp_warning(info: VllmInfo, draft: DraftFacts) -> List[str]:
-    if draft.kind != "dflash2" or info.anchor_clamp is not False:
-        return []
-    return [
-        f"vLLM {info.version}'s DFlash2 selector (qwen3_dflash2._score_edges) indexes its codebooks with "
-        "unclamped anchor token ids, which can fault at some request endings. Fix: serve with a vLLM that "
-        "clamps them, or patch _score_edges to use anchor_token_ids.clamp(0, V - 1)."
-    ]
-
-
 def without_vllm(requested_device: str, why: str) -> VllmInfo:
     """What the plan records where engine=reference runs: the reference engine needs no vLLM, so nothing of it
     is asked (on a GPU machine with torch alone there is none to ask; elsewhere asking costs a vLLM import,
@@ -418,4 +408,4 @@ def plan_serving(cfg: ServeConfig, probe: Callable[..., VllmInfo] = probe_vllm) 
     device = resolve_device(cfg.device, info)
     if engine == "vllm" and device == "cpu":
         check_cpu_head_sizes(info, draft, target)
-    return Plan(draft, target, k, engine, device, info, warnings + notes + anchor_clamp_warning(info, draft))
+    return Plan(draft, target, k, engine, device, info, warnings + notes + kinds.get(draft.kind).serving_warnings(info, draft))

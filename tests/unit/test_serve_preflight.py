@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import save_file
 
 from blockdraft.errors import ConfigError
+from blockdraft.kinds.dflash2.serving import anchor_clamp_warning
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.preflight import (
-    anchor_clamp_warning,
     check_against_target,
     check_cpu_head_sizes,
     check_fc_weight,

@@ -2,7 +2,10 @@
 its top-k candidates given the one chosen before it. Only vLLM's V2 model runner serves it."""
 
 from blockdraft.kinds.dflash2.checks import check
+from blockdraft.kinds.dflash2.contract import weight_shapes
 from blockdraft.kinds.dflash2.export import REQUIRED, export_keys, read_keys
+from blockdraft.kinds.dflash2.reload import probe_outputs
+from blockdraft.kinds.dflash2.serving import anchor_clamp_warning
 from blockdraft.kinds.registry import register
 from blockdraft.kinds.spec import KindSpec
 
@@ -22,4 +25,8 @@ SPEC = register(KindSpec(
     export_keys=export_keys,
     read_keys=read_keys,
     required_keys=REQUIRED,
+    weight_shapes=weight_shapes,
+    weights_label="conv/selector",
+    probe_outputs=probe_outputs,
+    serving_warnings=anchor_clamp_warning,
 ))

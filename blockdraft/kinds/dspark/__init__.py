@@ -2,7 +2,9 @@
 confidence head for vLLM's adaptive verification; vLLM's `method: dspark` serves it on its V2 runner."""
 
 from blockdraft.kinds.dspark.checks import check
+from blockdraft.kinds.dspark.contract import weight_shapes
 from blockdraft.kinds.dspark.export import DSPARK_SETTINGS, dspark_backbone_keys, export_keys, read_keys, resolve_settings
+from blockdraft.kinds.dspark.reload import probe_outputs
 from blockdraft.kinds.registry import register
 from blockdraft.kinds.spec import KindSpec
 
@@ -24,4 +26,7 @@ SPEC = register(KindSpec(
     read_keys=read_keys,
     backbone_keys=dspark_backbone_keys,
     resolve_settings=resolve_settings,
+    weight_shapes=weight_shapes,
+    weights_label="Markov/confidence head",
+    probe_outputs=probe_outputs,
 ))

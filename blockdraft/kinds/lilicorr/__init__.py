@@ -2,7 +2,9 @@
 one path through each slot's top-k; vLLM's LiLiCorrForCausalLM (`method: dflash`) serves it on its V2 runner."""
 
 from blockdraft.kinds.lilicorr.checks import check
+from blockdraft.kinds.lilicorr.contract import weight_shapes
 from blockdraft.kinds.lilicorr.export import LILICORR_KEYS, export_keys, read_keys
+from blockdraft.kinds.lilicorr.reload import probe_outputs
 from blockdraft.kinds.registry import register
 from blockdraft.kinds.spec import KindSpec
 
@@ -21,4 +23,7 @@ SPEC = register(KindSpec(
     export_keys=export_keys,
     read_keys=read_keys,
     required_keys=LILICORR_KEYS,
+    weight_shapes=weight_shapes,
+    weights_label="conv/lattice head",
+    probe_outputs=probe_outputs,
 ))

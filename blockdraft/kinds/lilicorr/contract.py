@@ -1,17 +1,18 @@
-"""The `lilicorr.` tensors vLLM 0.32's LiLiCorrHead holds (model_executor/models/lilicorr.py), from the config.
+"""The tensors vLLM 0.32's LiLiCorr holds beyond the DFlash backbone (model_executor/models/lilicorr.py), from
+the config: DFlash2's convolution where conv_kernel_size is set, and the `lilicorr.` tensors of its LiLiCorrHead.
 
-Written from vLLM's module, not from kinds/lilicorr/model.py, so checking a draft against it checks the draft.
+Written from vLLM's module, not from model.py, so checking a draft against it checks the draft.
 vLLM's load_weights refuses a checkpoint missing any of them ("coverage mismatch"). Every projection is a
 ReplicatedLinear with a bias; the MLPs are NemotronHMLP(bias=True): up_proj and down_proj.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict
 
-from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.kinds.dflash2.contract import conv_shapes
+from blockdraft.kinds.spec import Shape
 
-Shape = Tuple[int, ...]
 NUM_CANDIDATE_FEATURES = 5
 
 
@@ -23,7 +24,7 @@ def _mlp(name: str, in_size: int, hidden: int, out_size: int) -> Dict[str, Shape
     return {**_linear(f"{name}.up_proj", hidden, in_size), **_linear(f"{name}.down_proj", out_size, hidden)}
 
 
-def lilicorr_head_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
+def head_shapes(cfg) -> Dict[str, Shape]:
     model_h, h, f = cfg.hidden_size, cfg.lilicorr_width, cfg.lilicorr_factor_dim
     slots, k, heads = cfg.block_size - 1, cfg.lilicorr_candidate_topk, cfg.lilicorr_num_heads
     shapes: Dict[str, Shape] = {}
@@ -50,3 +51,7 @@ def lilicorr_head_shapes(cfg: DraftModelConfig) -> Dict[str, Shape]:
     for name in ("out_head", "in_head", "anchor_out_head"):
         shapes.update(_linear(name, f, h))
     return {f"lilicorr.{name}": shape for name, shape in shapes.items()}
+
+
+def weight_shapes(cfg) -> Dict[str, Shape]:
+    return {**(conv_shapes(cfg) if cfg.conv_kernel_size else {}), **head_shapes(cfg)}

@@ -1,7 +1,8 @@
 """Reference speculative decoding: a target with a KV cache (re-read in full where it has
-recurrent layers: `target_state`), a DFlash(2) / Domino / DSpark / LiLiCorr draft with a cache of its
-projected context, batch size 1. Lossless by construction; tested token for token against the
-target's own decode.
+recurrent layers: `target_state`), a draft of any kind with a cache of its projected context, batch
+size 1. Lossless by construction; tested token for token against the target's own decode. The draft
+turns its slots' states into tokens itself (`draft_block`: independent draws, a selector's or a
+lattice's walk, a serial correction), with the engine's sampling passed in.
 
 One step, with the last token t at position a (not yet seen by the target):
     draft:  block [t, MASK x K] at positions a..a+K -> proposals d_1..d_K (+ their q)
@@ -20,11 +21,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from blockdraft.kinds.dflash2.model import DFlash2DraftModel
-from blockdraft.kinds.domino.model import DominoDraftModel
-from blockdraft.kinds.dspark.model import DSparkDraftModel
+from blockdraft.kinds.dflash.decode import DraftedBlock, Sampler
 from blockdraft.models.layers import per_layer_masks, single_block_mask
-from blockdraft.kinds.lilicorr.model import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.sampling import SamplingParams, draw, probabilities
 from blockdraft.serve.target_state import TargetState
@@ -111,10 +109,11 @@ class DraftContext:
         self.draft = draft
         self.kv = None
         self.positions = None
+        self.last_features = None
 
     def extend(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         new = self.draft.context_kv(features, positions)
-        # The features of the last context position: LiLiCorr's anchor state (before the anchor).
+        # The features of the last context position, before the anchor: a draft may read them (LiLiCorr's anchor state).
         self.last_features = features[:, -1]
         if self.kv is None:
             self.kv, self.positions = new, positions
@@ -186,7 +185,7 @@ class SpeculativeEngine:
             out.extend(appended)
         return DecodeResult(_truncate(out, max_new_tokens, self.eos), stats)
 
-    def _propose(self, ctx: DraftContext, anchor: int, anchor_pos: int, params, gen):
+    def _propose(self, ctx: DraftContext, anchor: int, anchor_pos: int, params, gen) -> DraftedBlock:
         """-> proposals [K], the distribution each was drawn from [K, V], and the confidence head's
         prediction for each [K] (None without one)."""
         anchor_first = self.draft.config.anchor_predicts
@@ -201,44 +200,12 @@ class SpeculativeEngine:
         hidden = self.draft(embeds, positions, ctx.kv, mask)
         hidden = hidden if anchor_first else hidden[:, 1:]  # [1, K, H]: the predicting slots
 
-        # Serial drafts (Domino, DSpark): each slot is corrected with the tokens drafted before it, and
-        # q_i is what d_i was drawn from given them, as verification's p_i is given the same tokens.
         def pick(slot_logits):
             slot_q = probabilities(slot_logits, params)
             return draw(slot_q, gen), slot_q
 
-        if isinstance(self.draft, DSparkDraftModel):
-            tokens, q, confidence = self.draft.decode(hidden, torch.tensor([anchor]), self.target.lm_head_weight, pick)
-            q = q[0]  # [K, V_draft]
-            if self.draft.reduced_vocab:  # draft id i is target id draft_token_ids()[i]
-                q = q.new_zeros(self.k, self.draft.config.vocab_size).index_copy_(1, self.draft.draft_token_ids(), q)
-            return tokens[0], q, None if confidence is None else confidence[0]
-        if isinstance(self.draft, DominoDraftModel):
-            tokens, q = self.draft.decode(
-                hidden, torch.tensor([anchor]), self.target.embed_tokens, self.target.lm_head_weight, pick
-            )
-            return tokens[0], q[0], None
-        if isinstance(self.draft, LiLiCorrDraftModel):
-            return self._walk_lattice(ctx, hidden, params, gen)
-        logits = self.draft.logits(hidden, self.target.lm_head_weight)  # [1, K, V]
-        if isinstance(self.draft, DFlash2DraftModel):
-            tokens, q = self.draft.candidate_selector.walk(
-                hidden, logits, torch.tensor([anchor]), self.draft.config.selector_top_k, params.temperature, gen
-            )
-            return tokens[0], q[0], None
-        q = probabilities(logits[0], params)  # [K, V]
-        return draw(q, gen), q, None
-
-    def _walk_lattice(self, ctx: DraftContext, hidden: torch.Tensor, params, gen):
-        """LiLiCorr: the head scores the lattice of each slot's top-k, and the walk picks one path through it
-        (vLLM's LiLiCorr speculator); q_i is the walk's distribution over slot i's candidates given the
-        candidate picked before it, as vLLM caches it for rejection."""
-        anchor_hidden = self.draft.project_context(ctx.last_features)  # [1, H]: the state before the anchor
-        ids, scores = self.draft.lattice_scores(hidden, self.target.lm_head_weight, self.target.embed_tokens,
-                                                anchor_hidden)
-        tokens, p = walk(scores, ids, 0.0 if params.greedy else params.temperature, gen)
-        q = torch.zeros(self.k, self.draft.config.vocab_size).scatter_(-1, ids[0], p[0])
-        return tokens[0], q, None
+        sampler = Sampler(pick, 0.0 if params.greedy else params.temperature, gen)
+        return self.draft.draft_block(hidden, torch.tensor([anchor]), self.target, sampler, ctx.last_features)
 
     @staticmethod
     def _verify(proposals: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gen) -> tuple:

@@ -1,8 +1,9 @@
 """One micro-batch: capture target features, draw blocks, run the draft, compute losses/metrics.
 
-Data flows: batch -> features -> anchors/blocks/mask -> draft hidden -> logits of the
-supervised slots -> block CE (+ DFlash2 selector CE; Domino and DSpark: on their corrected logits;
-DSpark: + its confidence head's BCE; LiLiCorr: + its lattice path loss) and the metrics serving will see.
+Data flows: batch -> features -> anchors/blocks/mask -> draft hidden -> the draft's loss head over the
+supervised slots (`loss_head`: its rows and head; a correcting kind's joint ones) -> block CE (+ KL) -> the
+draft's own losses (`kind_losses`: a confidence BCE, a selector's or lattice's CE) and the metrics serving
+will see. Every draft answers the same hooks (blockdraft/kinds/dflash/loss.py); none is told apart here.
 
 Blocks are drawn in the label layout, [anchor, one slot per drafted token], whatever the draft
 feeds itself: a DSpark draft whose anchor predicts (`sample_from_anchor`) is fed the first B of
@@ -17,20 +18,14 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from blockdraft import faults
-from blockdraft.kinds.dflash2.model import DFlash2DraftModel
-from blockdraft.kinds.domino.model import DominoDraftModel
-from blockdraft.kinds.dspark.model import DSparkDraftModel
+from blockdraft.kinds.dflash.loss import BlockLoss, SupervisedSlots, chunked_argmax
 from blockdraft.models.layers import per_layer_masks
-from blockdraft.kinds.lilicorr.model import LiLiCorrDraftModel, walk
 from blockdraft.models.target import TargetModel
 from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
-from blockdraft.train.confidence import acceptance_target, confidence_loss
 from blockdraft.train.features import batch_features, batch_features_and_final
-from blockdraft.train.lilicorr_loss import chunked_candidates, path_loss
 from blockdraft.train.losses import (
     chunked_cross_entropy_rows,
     chunked_forward_kl_rows,
@@ -39,10 +34,8 @@ from blockdraft.train.losses import (
     forward_kl_rows,
     has_teacher,
     normalized_loss,
-    selector_cross_entropy,
     slot_weights,
     teacher_log_probs,
-    topk_candidates,
 )
 from blockdraft.train.masks import dense_block_mask, flex_block_mask
 from blockdraft.train.metrics import accept_length
@@ -65,7 +58,7 @@ class StepResult:
     blocks: Optional[BlockBatch] = None
     """The blocks `pred` belongs to: anchors, labels, supervision."""
     confidence: Optional[torch.Tensor] = None
-    """DSpark: [N, A, B] the confidence head's acceptance probability per slot (nan where unsupervised)."""
+    """A draft with a confidence head (DSpark): [N, A, B] its acceptance probability per slot (nan where unsupervised)."""
     target_time: Optional[Span] = None
     """The target's share of the micro-step (its capture; ~0 from a store), read once the step ends."""
 
@@ -129,19 +122,13 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     loss_labels = loss_labels.clamp(min=0)
     lm_head = module.head_weight(target.lm_head_weight)  # [V_draft, H]
     chunk = cfg.loss_chunk_size
-    base_pred = None
-    if isinstance(module, DominoDraftModel):
-        # Teacher-forced correction; its logits are [W | up] [h ; u], so every loss below runs on them as is.
-        base_pred = _chunked_argmax(module, h_sup, lm_head, chunk or max(1, len(h_sup)))
-        states = module.correction_states(blocks.predecessors, target.embed_tokens)  # [N, A, B, S]
-        h_sup, lm_head = module.joint_hidden(h_sup, states[sup]), module.joint_head(lm_head)  # [M, H+R], [V, H+R]
-    if isinstance(module, DSparkDraftModel):
-        # Teacher-forced Markov head: each slot's previous token is the true one, as speculators trains it.
-        base_pred = _chunked_argmax(module, h_sup, lm_head, chunk or max(1, len(h_sup)))
-        h_sup, lm_head = module.joint_hidden(h_sup, blocks.predecessors[sup]), module.joint_head(lm_head)  # [M, H+r]
+    slots = SupervisedSlots(cfg=cfg, target=target, features=features, blocks=blocks, block_hidden=hidden, hidden=h_sup,
+                            head=lm_head, labels=labels, draft_labels=loss_labels, outside=outside)
+    head = module.loss_head(slots)
+    h_sup, lm_head = head.hidden, head.head  # [M, H'], [V_draft, H']
     if chunk:
         ce = chunked_cross_entropy_rows(h_sup, lm_head, loss_labels, chunk, _transform(module))  # [M]
-        pred_sup, logits = _chunked_argmax(module, h_sup, lm_head, chunk), None
+        pred_sup, logits = chunked_argmax(module, h_sup, lm_head, chunk), None
     else:
         logits = module.transform_logits(F.linear(h_sup, lm_head))  # [M, V_draft]
         ce = F.cross_entropy(logits.float(), loss_labels, reduction="none")  # [M]
@@ -159,26 +146,26 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
         loss = loss + cfg.kl_weight * kl_loss
         sums["kl_sum"] = kl_loss.detach() * 1.0
         sums["kl_rows_without_teacher"] = (~taught).sum().float()
+    target_pred = module.to_target_ids(pred_sup)
+    block = BlockLoss(hidden=h_sup, head=lm_head, logits=logits, ce=ce, draft_pred=pred_sup, pred=target_pred,
+                      weights=weights, block_ids=block_ids, normalization=norm)
+    kind = module.kind_losses(slots, block)
+    if kind.loss is not None:
+        loss = loss + kind.loss
+    sums.update(kind.sums)
     confidence = None
-    if isinstance(module, DSparkDraftModel) and module.confidence_head is not None:
-        loss, predicted = _add_confidence_loss(module, cfg, h_sup, pred_sup, loss_labels, ce, outside, weights, block_ids,
-                                               norm, loss, sums)
-        confidence = torch.full(blocks.labels.shape, float("nan"), device=predicted.device)
-        confidence[sup] = predicted
+    if kind.confidence is not None:
+        confidence = torch.full(blocks.labels.shape, float("nan"), device=kind.confidence.device)
+        confidence[sup] = kind.confidence
     loss = faults.corrupt("train.loss", loss)
     sums["loss_sum"] = loss.detach() * 1.0
-    pred_sup = module.to_target_ids(pred_sup)
     if module.reduced_vocab:
         sums["labels_outside_vocab"] = outside.sum().float()
-    if base_pred is not None:
-        sums["correction_base_correct"] = (base_pred == labels).sum().float()  # the backbone alone, uncorrected
-    if isinstance(module, DFlash2DraftModel):
-        cand_ids, cand_logits = _candidates(module, h_sup, lm_head, logits, chunk)
-        loss, pred_sup = _add_selector_loss(module, cfg, cand_ids, cand_logits, h_sup, blocks.predecessors[sup], labels,
-                                            weights, loss, pred_sup, sums, block_ids, norm)
-    if isinstance(module, LiLiCorrDraftModel):
-        loss, pred_sup = _add_path_loss(module, cfg, features, hidden, blocks, target, lm_head, weights, loss, pred_sup,
-                                        sums, norm)
+    if head.base_pred is not None:
+        sums["correction_base_correct"] = (head.base_pred == labels).sum().float()  # the backbone alone, uncorrected
+    if kind.aside is not None:
+        loss = loss + kind.aside
+    pred_sup = target_pred if kind.pred is None else kind.pred
     pred = torch.full_like(blocks.labels, -1)
     pred[sup] = pred_sup
     _slot_metrics(pred, blocks, sums)
@@ -197,23 +184,6 @@ def fed_blocks(blocks: BlockBatch, dcfg) -> tuple:
         return x.view(n, a, b)[..., : b - 1].reshape(n, a * (b - 1))
 
     return dataclasses.replace(blocks, block_ids=first(blocks.block_ids), block_position_ids=first(blocks.block_position_ids)), b - 1
-
-
-def _add_confidence_loss(module, cfg: LoopConfig, joint, pred, labels, ce, outside, weights, block_ids, norm, loss, sums):
-    """DSpark: the confidence head's BCE against each slot's acceptance (train/confidence.py), weighted and
-    normalised as the block loss is (speculators weights it with the same position decay). Returns the
-    loss and each slot's predicted acceptance [M]."""
-    logits = module.confidence_logits(joint)  # [M]
-    target = acceptance_target(cfg.confidence_target, pred, labels, ce, outside)  # [M]
-    conf_loss = normalized_loss(confidence_loss(logits, target), weights, block_ids, norm)
-    predicted = logits.detach().float().sigmoid()
-    sums.update({
-        "confidence_loss_sum": conf_loss.detach() * 1.0,
-        "confidence_predicted_sum": predicted.sum(),
-        "confidence_target_sum": target.sum(),
-        "confidence_abs_error_sum": (predicted - target).abs().sum(),
-    })
-    return (loss + cfg.confidence_weight * conf_loss if cfg.confidence_weight else loss), predicted
 
 
 def position_weights(cfg: LoopConfig, blocks, sup, ce, outside) -> torch.Tensor:
@@ -277,80 +247,6 @@ def _transform(module):
     if cfg.output_multiplier == 1.0 and not cfg.final_logit_softcapping:
         return None
     return module.transform_logits
-
-
-@torch.no_grad()
-def _chunked_argmax(module, hidden, lm_head, chunk: int) -> torch.Tensor:
-    if len(hidden) == 0:
-        return hidden.new_zeros(0, dtype=torch.long)
-    return torch.cat([module.transform_logits(F.linear(h, lm_head)).argmax(-1) for h in hidden.split(chunk)])
-
-
-def _candidates(module, hidden, lm_head, logits, chunk: int):
-    """Each slot's top-k tokens and their (differentiable) logits: [M, k] each.
-
-    Chunked, only k logits per slot are kept: the [chunk, V] block is recomputed in backward."""
-    k = module.config.selector_top_k
-    if not chunk:
-        return topk_candidates(logits, k)
-    with torch.no_grad():
-        ids = torch.cat([module.logits(h, lm_head).topk(k, dim=-1).indices for h in hidden.split(chunk)]) if len(hidden) else hidden.new_zeros(0, k, dtype=torch.long)
-
-    def gather(h, w, idx):
-        return module.logits(h, w).gather(-1, idx)
-
-    parts = [checkpoint(gather, h, lm_head, i, use_reentrant=False) for h, i in zip(hidden.split(chunk), ids.split(chunk))]
-    return ids, (torch.cat(parts) if parts else hidden.new_zeros(0, k))
-
-
-def _add_selector_loss(module, cfg: LoopConfig, cand_ids, cand_logits, h_sup, predecessors, labels, weights, loss, base_pred,
-                       sums, block_ids, norm: str):
-    """DFlash2: CE of the pairwise selector over each slot's top-k, with true predecessors, normalised as the
-    block CE is (train.loss_normalization)."""
-    scores = module.candidate_selector.score(h_sup, predecessors, cand_ids, cand_logits)  # [M, k]
-    sel_loss, recall = selector_cross_entropy(scores, cand_ids, labels, weights, block_ids, norm)
-    sel_pred = cand_ids.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)  # [M]
-    m = float(len(labels))
-    sums.update({
-        "selector_loss_sum": sel_loss.detach() * 1.0,
-        "recall_hits": (recall.nan_to_num(0.0) * m).detach(),
-        "base_correct": (base_pred == labels).sum().float(),
-        "selector_correct": (sel_pred == labels).sum().float(),
-    })
-    return loss + cfg.selector_loss_weight * sel_loss, sel_pred
-
-
-def _add_path_loss(module, cfg: LoopConfig, features, hidden, blocks, target, lm_head, weights, loss, base_pred, sums,
-                   norm: str):
-    """LiLiCorr: the lattice head's path loss (train/lilicorr_loss.py) over each block's drafted slots, with
-    the block CE's weights. The slots' predictions become the greedy walk's tokens, as vLLM drafts them."""
-    sup = blocks.label_mask[:, :, 1:]  # [N, A, S]: slot 0 is the anchor
-    n, a, s = sup.shape
-    slot_hidden = hidden[:, :, 1:].reshape(n * a, s, -1)
-    log_probs, cand_ids = chunked_candidates(module, slot_hidden, lm_head, cfg.loss_chunk_size)
-    # The context state before each anchor, as vLLM's speculator takes it (hidden_norm(fc(...)) at the
-    # last accepted position); none before a row's first token.
-    context = module.project_context(features)  # [N, T, H]
-    before = (blocks.anchors - 1).clamp(min=0)
-    anchor_hidden = context.gather(1, before[..., None].expand(-1, -1, context.shape[-1])).reshape(n * a, -1)
-    anchor_valid = (blocks.anchor_valid & (blocks.anchors > 0)).reshape(n * a)
-    scores = module.lilicorr(target.embed_tokens(cand_ids).to(slot_hidden.dtype), log_probs, slot_hidden,
-                             anchor_hidden, anchor_valid)  # [R, S, k, k]
-    slot_w = torch.zeros(blocks.label_mask.shape, device=weights.device, dtype=torch.float32)
-    slot_w[blocks.label_mask] = weights.float()
-    labels, sup = blocks.labels[:, :, 1:].reshape(n * a, s), sup.reshape(n * a, s)
-    p_loss, hits = path_loss(scores, cand_ids, labels, sup, slot_w[:, :, 1:].reshape(n * a, s), norm)
-    walked = torch.full_like(blocks.labels, -1)
-    walked[:, :, 1:] = walk(scores.detach(), cand_ids)[0].view(n, a, s)
-    pred_sup = walked[blocks.label_mask]
-    labels_sup = blocks.labels[blocks.label_mask]
-    sums.update({
-        "selector_loss_sum": p_loss.detach() * 1.0,
-        "recall_hits": hits.detach(),
-        "base_correct": (base_pred == labels_sup).sum().float(),
-        "selector_correct": (pred_sup == labels_sup).sum().float(),
-    })
-    return loss + cfg.selector_loss_weight * p_loss, pred_sup
 
 
 def _slot_metrics(pred, blocks, sums) -> None:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from blockdraft.kinds.lilicorr.model import walk
 from blockdraft.train.config import LoopConfig
-from blockdraft.train.lilicorr_loss import path_targets
+from blockdraft.kinds.lilicorr.loss import path_targets
 from blockdraft.train.losses import slot_weights
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import MASK_ID, make_draft

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from blockdraft.kinds.dflash.decode import DraftedBlock, Sampler
+from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, LossHead, SupervisedSlots
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.layers import MLP, BlockAttention, RMSNorm, RotaryEmbedding, per_layer_masks, single_block_mask
 
@@ -188,3 +190,22 @@ class DFlashDraftModel(nn.Module):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    # --- the stages' hooks: a kind changes its loss or its drafting by overriding these --
+    def loss_head(self, slots: SupervisedSlots) -> LossHead:
+        """The rows and head train_step's block loss runs on: the slots' states and the draft's head."""
+        return LossHead(slots.hidden, slots.head)
+
+    def kind_losses(self, slots: SupervisedSlots, block: BlockLoss) -> KindLoss:
+        """The kind's own losses on top of the block loss, and what its metrics score: none here."""
+        return KindLoss()
+
+    def draft_block(
+        self, hidden: torch.Tensor, anchor_ids: torch.Tensor, target, sampler: Sampler, last_features: torch.Tensor
+    ) -> DraftedBlock:
+        """One round of the reference engine (batch 1): hidden [1, K, H] the predicting slots' states,
+        anchor_ids [1] the last accepted token, target its `embed_tokens` and `lm_head_weight`, last_features
+        [1, n*H_t] the target's features at the position before the anchor. Every slot drawn independently."""
+        logits = self.logits(hidden, target.lm_head_weight)  # [1, K, V]
+        tokens, q = sampler.pick(logits[0])
+        return DraftedBlock(tokens, q)

@@ -13,7 +13,10 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from blockdraft.kinds.dflash.decode import DraftedBlock, Sampler
+from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, SupervisedSlots
 from blockdraft.kinds.dflash.model import DFlashDecoderLayer, DFlashDraftModel
+from blockdraft.kinds.dflash2.loss import selector_loss
 from blockdraft.models.draft_config import DraftModelConfig
 
 
@@ -143,3 +146,16 @@ class DFlash2DraftModel(DFlashDraftModel):
         embeds = self.replace_mask(block_ids, embed_tokens(block_ids))  # as vLLM: mask first, then the scale
         scale = self.config.input_embedding_scale
         return embeds * scale if scale != 1.0 else embeds
+
+    def kind_losses(self, slots: SupervisedSlots, block: BlockLoss) -> KindLoss:
+        return selector_loss(self, slots, block)
+
+    def draft_block(
+        self, hidden: torch.Tensor, anchor_ids: torch.Tensor, target, sampler: Sampler, last_features: torch.Tensor
+    ) -> DraftedBlock:
+        """The selector walks one path through the slots' top-k, each pick the next slot's predecessor."""
+        logits = self.logits(hidden, target.lm_head_weight)  # [1, K, V]
+        tokens, q = self.candidate_selector.walk(
+            hidden, logits, anchor_ids, self.config.selector_top_k, sampler.temperature, sampler.generator
+        )
+        return DraftedBlock(tokens[0], q[0])

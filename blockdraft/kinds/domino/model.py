@@ -21,17 +21,16 @@ Domino drafter: the project's reference engine serves it (`serve/engine.py`).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from blockdraft.kinds.dflash.decode import DraftedBlock, Pick, Sampler
+from blockdraft.kinds.dflash.loss import LossHead, SupervisedSlots, chunked_argmax
 from blockdraft.kinds.dflash.model import DFlashDraftModel
 from blockdraft.models.draft_config import DraftModelConfig
-
-# logits [N, V] -> (tokens [N], the distribution each was drawn from [N, V]).
-Pick = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
 def greedy_pick(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -129,3 +128,18 @@ class DominoDraftModel(DFlashDraftModel):
             tokens.append(previous)
             probs.append(p)
         return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+    # --- the stages' hooks ---------------------------------------------------------------
+    def loss_head(self, slots: SupervisedSlots) -> LossHead:
+        """Teacher-forced correction; its logits are [W | up] [h ; u], so every block loss runs on them as is."""
+        base_pred = chunked_argmax(self, slots.hidden, slots.head, slots.chunk or max(1, len(slots.hidden)))
+        states = self.correction_states(slots.blocks.predecessors, slots.target.embed_tokens)  # [N, A, B, S]
+        return LossHead(self.joint_hidden(slots.hidden, states[slots.sup]), self.joint_head(slots.head), base_pred)
+
+    def draft_block(
+        self, hidden: torch.Tensor, anchor_ids: torch.Tensor, target, sampler: Sampler, last_features: torch.Tensor
+    ) -> DraftedBlock:
+        """Serial: each slot is corrected with the tokens drafted before it, and q_i is what d_i was drawn from
+        given them, as verification's p_i is given the same tokens."""
+        tokens, q = self.decode(hidden, anchor_ids, target.embed_tokens, target.lm_head_weight, sampler.pick)
+        return DraftedBlock(tokens[0], q[0])

@@ -30,8 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from blockdraft.kinds.dflash.decode import DraftedBlock, Pick, Sampler
+from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, LossHead, SupervisedSlots, chunked_argmax
 from blockdraft.kinds.dflash.model import DFlashDraftModel
-from blockdraft.kinds.domino.model import Pick, greedy_pick  # the same serial choice as Domino's head
+from blockdraft.kinds.domino.model import greedy_pick  # the same serial choice as Domino's head
+from blockdraft.kinds.dspark.loss import confidence_loss_terms
 from blockdraft.models.draft_config import DraftModelConfig
 
 
@@ -133,3 +136,25 @@ class DSparkDraftModel(DFlashDraftModel):
     def transform_bias(self, bias: torch.Tensor) -> torch.Tensor:
         # vLLM scales the bias by the same logit scale as the base logits (one LogitsProcessor).
         return bias * self.config.output_multiplier if self.config.output_multiplier != 1.0 else bias
+
+    # --- the stages' hooks ---------------------------------------------------------------
+    def loss_head(self, slots: SupervisedSlots) -> LossHead:
+        """Teacher-forced Markov head: each slot's previous token is the true one, as speculators trains it."""
+        base_pred = chunked_argmax(self, slots.hidden, slots.head, slots.chunk or max(1, len(slots.hidden)))
+        previous = slots.blocks.predecessors[slots.sup]
+        return LossHead(self.joint_hidden(slots.hidden, previous), self.joint_head(slots.head), base_pred)  # [M, H+r]
+
+    def kind_losses(self, slots: SupervisedSlots, block: BlockLoss) -> KindLoss:
+        if self.confidence_head is None:
+            return KindLoss()
+        return confidence_loss_terms(self, slots, block)
+
+    def draft_block(
+        self, hidden: torch.Tensor, anchor_ids: torch.Tensor, target, sampler: Sampler, last_features: torch.Tensor
+    ) -> DraftedBlock:
+        """Serial, as vLLM's DSpark speculator: each slot's choice is the next slot's previous token."""
+        tokens, q, confidence = self.decode(hidden, anchor_ids, target.lm_head_weight, sampler.pick)
+        q = q[0]  # [K, V_draft]
+        if self.reduced_vocab:  # draft id i is target id draft_token_ids()[i]
+            q = q.new_zeros(hidden.shape[1], self.config.vocab_size).index_copy_(1, self.draft_token_ids(), q)
+        return DraftedBlock(tokens[0], q, None if confidence is None else confidence[0])

@@ -1,6 +1,6 @@
 """LiLiCorr's path loss: teach the lattice head to walk the target's tokens through the backbone's top-k.
 
-The walk vLLM runs (kinds/lilicorr/model.py `walk`) picks slot s's candidate from the score row of the
+The walk vLLM runs (kinds/lilicorr/decode.py `walk`) picks slot s's candidate from the score row of the
 candidate picked at slot s - 1. Its training signal here is teacher-forced, as DFlash2's selector loss:
 at slot s, the row of the target's token at slot s - 1 (the anchor's start row at slot 0), a cross-entropy
 whose class is the target's token at slot s. The sum over slots is the negative log-likelihood of the
@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from blockdraft.train.losses import normalized_loss
+from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, SupervisedSlots
+from blockdraft.kinds.lilicorr.decode import walk
 
 
 @torch.no_grad()
@@ -52,6 +53,8 @@ def path_loss(scores: Tensor, candidate_ids: Tensor, labels: Tensor, supervised:
               mode: str) -> Tuple[Tensor, Tensor]:
     """scores [R, S, k, k], candidate_ids [R, S, k], labels / supervised / weights [R, S] -> (loss [], the
     number of supervised slots whose target token is a candidate []). Normalised as the block CE (`mode`)."""
+    from blockdraft.train.losses import normalized_loss  # train's maths, imported when a step runs
+
     row, target, used = path_targets(candidate_ids, labels, supervised)
     logits = scores.gather(2, row[..., None, None].expand(-1, -1, 1, scores.shape[-1])).squeeze(2)  # [R, S, k]
     ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="none")  # [R*S]
@@ -59,3 +62,37 @@ def path_loss(scores: Tensor, candidate_ids: Tensor, labels: Tensor, supervised:
     loss = normalized_loss(ce, (weights * used).flatten().float(), block_ids, mode)
     hits = ((candidate_ids == labels.unsqueeze(-1)).any(-1) & supervised).sum().float()
     return loss, hits
+
+
+def lattice_path_loss(model, slots: SupervisedSlots, block: BlockLoss) -> KindLoss:
+    """The path loss over each block's drafted slots, with the block CE's weights, set aside from the logged
+    `loss` (it has its own sums). The slots' predictions become the greedy walk's tokens, as vLLM drafts them."""
+    blocks, hidden, cfg = slots.blocks, slots.block_hidden, slots.cfg
+    sup = blocks.label_mask[:, :, 1:]  # [N, A, S]: slot 0 is the anchor
+    n, a, s = sup.shape
+    slot_hidden = hidden[:, :, 1:].reshape(n * a, s, -1)
+    log_probs, cand_ids = chunked_candidates(model, slot_hidden, block.head, cfg.loss_chunk_size)
+    # The context state before each anchor, as vLLM's speculator takes it (hidden_norm(fc(...)) at the
+    # last accepted position); none before a row's first token.
+    context = model.project_context(slots.features)  # [N, T, H]
+    before = (blocks.anchors - 1).clamp(min=0)
+    anchor_hidden = context.gather(1, before[..., None].expand(-1, -1, context.shape[-1])).reshape(n * a, -1)
+    anchor_valid = (blocks.anchor_valid & (blocks.anchors > 0)).reshape(n * a)
+    scores = model.lilicorr(slots.target.embed_tokens(cand_ids).to(slot_hidden.dtype), log_probs, slot_hidden,
+                            anchor_hidden, anchor_valid)  # [R, S, k, k]
+    weights = block.weights
+    slot_w = torch.zeros(blocks.label_mask.shape, device=weights.device, dtype=torch.float32)
+    slot_w[blocks.label_mask] = weights.float()
+    labels, sup = blocks.labels[:, :, 1:].reshape(n * a, s), sup.reshape(n * a, s)
+    p_loss, hits = path_loss(scores, cand_ids, labels, sup, slot_w[:, :, 1:].reshape(n * a, s), block.normalization)
+    walked = torch.full_like(blocks.labels, -1)
+    walked[:, :, 1:] = walk(scores.detach(), cand_ids)[0].view(n, a, s)
+    pred_sup = walked[blocks.label_mask]
+    labels_sup = blocks.labels[blocks.label_mask]
+    sums = {
+        "selector_loss_sum": p_loss.detach() * 1.0,
+        "recall_hits": hits.detach(),
+        "base_correct": (block.pred == labels_sup).sum().float(),
+        "selector_correct": (pred_sup == labels_sup).sum().float(),
+    }
+    return KindLoss(aside=cfg.selector_loss_weight * p_loss, pred=pred_sup, sums=sums)

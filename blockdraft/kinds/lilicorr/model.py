@@ -26,8 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from blockdraft.kinds.dflash.decode import DraftedBlock, Sampler
+from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, SupervisedSlots
 from blockdraft.kinds.dflash.model import DFlashDecoderLayer, DFlashDraftModel
 from blockdraft.kinds.dflash2.model import DFlash2DecoderLayer
+from blockdraft.kinds.lilicorr.decode import walk
+from blockdraft.kinds.lilicorr.loss import lattice_path_loss
 from blockdraft.models.draft_config import DraftModelConfig
 
 # The per-candidate features vLLM computes from the backbone's top-k log-probs.
@@ -199,32 +203,18 @@ class LiLiCorrDraftModel(DFlashDraftModel):
         scores = self.lilicorr(embed_tokens(ids).to(hidden.dtype), log_probs, hidden, anchor_hidden, anchor_valid)
         return ids, scores
 
+    # --- the stages' hooks ---------------------------------------------------------------
+    def kind_losses(self, slots: SupervisedSlots, block: BlockLoss) -> KindLoss:
+        return lattice_path_loss(self, slots, block)
 
-def walk(
-    scores: torch.Tensor,
-    candidate_ids: torch.Tensor,
-    temperature: float = 0.0,
-    generator: Optional[torch.Generator] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's candidate walk (spec_decode/dflash2/speculator.py `_selector_walk_kernel`): slot s picks among
-    its k candidates by the row of scores[:, s] of the candidate picked at slot s - 1 (row 0 at slot 0),
-    greedily, or sampled from softmax(row / temperature) as its Gumbel argmax samples.
-
-    scores [R, S, k, k], candidate_ids [R, S, k] -> tokens [R, S] and the distribution each token was drawn
-    from over the k candidates, [R, S, k] (one-hot when greedy), for rejection sampling.
-    """
-    rows, slots, k = candidate_ids.shape
-    previous = torch.zeros(rows, dtype=torch.long, device=scores.device)
-    tokens, probs = [], []
-    for s in range(slots):
-        row = scores[torch.arange(rows, device=scores.device), s, previous].float()  # [R, k]
-        if temperature > 0:
-            p = torch.softmax(row / temperature, dim=-1)
-            pick = torch.multinomial(p, 1, generator=generator).squeeze(-1)
-        else:
-            pick = row.argmax(-1)
-            p = F.one_hot(pick, k).float()
-        tokens.append(candidate_ids[:, s].gather(-1, pick[:, None]).squeeze(-1))
-        probs.append(p)
-        previous = pick
-    return torch.stack(tokens, 1), torch.stack(probs, 1)
+    def draft_block(
+        self, hidden: torch.Tensor, anchor_ids: torch.Tensor, target, sampler: Sampler, last_features: torch.Tensor
+    ) -> DraftedBlock:
+        """The head scores the lattice of each slot's top-k, and the walk picks one path through it (vLLM's
+        LiLiCorr speculator); q_i is the walk's distribution over slot i's candidates given the candidate
+        picked before it, as vLLM caches it for rejection."""
+        anchor_hidden = self.project_context(last_features)  # [1, H]: the state before the anchor
+        ids, scores = self.lattice_scores(hidden, target.lm_head_weight, target.embed_tokens, anchor_hidden)
+        tokens, p = walk(scores, ids, sampler.temperature, sampler.generator)
+        q = torch.zeros(hidden.shape[1], self.config.vocab_size).scatter_(-1, ids[0], p[0])
+        return DraftedBlock(tokens[0], q)

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The apps that drive them all (the command line, the demo) sit above; everything else under blockdraft/ is
 # shared below them all.
 ABOVE = ("blockdraft.cli", "blockdraft.demo", "blockdraft.demo_budget")
-STAGES = ("regen", "capture", "train", "export", "gate", "serve", "eval", "pipeline")
+STAGES = ("regen", "capture", "train", "export", "serve", "gate", "eval", "pipeline")
 # A test of a draft kind's name: a comparison with, or a membership among, the kinds' names.
 KIND_NAMES = r"(dflash|dflash2|jetspec|domino|dspark|lilicorr)"
 KIND_TEST = re.compile(r"""kind\s*(==|!=|in|not in)\s*[^#\n]*?["']""" + KIND_NAMES + r"""["']""")

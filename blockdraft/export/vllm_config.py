@@ -16,7 +16,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.export.causality import kind_and_sliding_causal
 from blockdraft.export.reference_only import reference_only_keys
 from blockdraft.export.speculators_format import is_speculators_config, vllm_style_config
-from blockdraft.kinds.registry import architectures
+from blockdraft.kinds.registry import architectures, recognized
 from blockdraft.models.draft_config import SLIDING, DraftModelConfig
 
 # transformers' Qwen3Config default, which vLLM inherits when a config has no rope_theta.
@@ -134,6 +134,7 @@ def draft_config_from_vllm_config(config: Mapping, where: str = "config.json") -
     if is_speculators_config(config):
         config = vllm_style_config(config, where)
     kind, sliding_causal = kind_and_sliding_causal(draft_kind_of(config, where), config, where)
+    kind = recognized(kind, config)  # a kind sharing the architecture, told apart by its config (KindSpec.recognize)
     spec = kinds.get(kind)
     dflash = {**spec.backbone_keys(config), **dict(config.get("dflash_config") or {})}
     hidden = _required(config, "hidden_size", where)

@@ -40,7 +40,7 @@ HELP = AppHelp(
 def run_capture(cfg) -> Path:
     """Entry used by the command line and by tests with a composed config."""
     from blockdraft.capture.stage import CaptureStage
-    from blockdraft.train.distributed import init_distributed
+    from blockdraft.ranks.distributed import init_distributed
 
     if OmegaConf.is_missing(cfg, "out"):
         raise ConfigError("out is not set: give the store's directory, e.g. out=.cache/stores/<name>.")
@@ -72,8 +72,8 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="capture", version_base=None)
     def app(cfg) -> None:
-        from blockdraft.train.distributed import report_failure, shutdown
-        from blockdraft.train.rank_watch import PeerFailed
+        from blockdraft.ranks.distributed import report_failure, shutdown
+        from blockdraft.ranks.rank_watch import PeerFailed
 
         rank = int(os.environ.get("RANK", "0"))
         try:

@@ -31,7 +31,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.draft_config import check_layer_ids
 from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.models.target_checks import resolve_target_dtype
-from blockdraft.train.distributed import all_gather_object, broadcast_object, init_distributed, patient_barrier
+from blockdraft.ranks.distributed import all_gather_object, broadcast_object, init_distributed, patient_barrier
 from blockdraft.train.parallelize import rank_shards
 from blockdraft.train.target_sharding import loads_by_shard
 

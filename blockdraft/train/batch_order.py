@@ -9,7 +9,7 @@ import torch
 
 from blockdraft.data.dataset import collate
 from blockdraft.errors import DataError
-from blockdraft.train.distributed import DistInfo
+from blockdraft.ranks.distributed import DistInfo
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def save_sharded_checkpoint(run_dir, step: int, draft, optimizer, trainer_state:
                             is_main: bool) -> Optional[Path]:
     """Every rank: its shards of the draft and optimizer state, in parallel; rank 0 then the small files, the
     checksums, the rename and the pruning while the other ranks train on. The path on rank 0, else None."""
-    from blockdraft.train.distributed import barrier
+    from blockdraft.ranks.distributed import barrier
 
     root = checkpoints_dir(run_dir)
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
@@ -170,7 +170,7 @@ def verify_checkpoint(path: Path, share: Optional[tuple] = None) -> None:
     hashing of the checkpoint's files between them, and every rank raises the first fault any rank found."""
     problem = checkpoint_problem(path, share)
     if share is not None and share[1] > 1:
-        from blockdraft.train.distributed import all_gather_object, patient_barrier
+        from blockdraft.ranks.distributed import all_gather_object, patient_barrier
 
         patient_barrier(f"every rank hashing its share of {path}")  # shares of one big file each: no timeout
         problem = next((p for p in all_gather_object(problem) if p), "")

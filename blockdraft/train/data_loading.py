@@ -9,7 +9,7 @@ from blockdraft.data.builtin_prompts import builtin_prompt_set
 from blockdraft.data.dataset import collate, dataset_key, prepare_dataset
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.train.anchors import valid_anchor_mask
-from blockdraft.train.distributed import DistInfo, broadcast_object, patient_barrier
+from blockdraft.ranks.distributed import DistInfo, broadcast_object, patient_barrier
 
 
 def ensure_builtin_data(cfg, target_model, tokenizer, dist: DistInfo) -> None:

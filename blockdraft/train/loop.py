@@ -29,7 +29,7 @@ from blockdraft.train.data_loading import (ensure_builtin_data, load_split, load
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
 from blockdraft.train.frozen import check_frozen, check_resume_frozen, freeze
-from blockdraft.train.distributed import (DistInfo, all_reduce_sum, all_reduce_sums, init_distributed, patient_barrier,
+from blockdraft.ranks.distributed import (DistInfo, all_reduce_sum, all_reduce_sums, init_distributed, patient_barrier,
                                           report_failure, set_step_timeout, shutdown)
 from blockdraft.errors import ConfigError
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from blockdraft.errors import ConfigError
-from blockdraft.train.distributed import DistInfo
+from blockdraft.ranks.distributed import DistInfo
 from blockdraft.train.target_sharding import load_sharded_target, loads_by_shard, shard_target
 
 __all__ = ["DRAFT_SHARDINGS", "check_draft_sharding", "gradient_sync", "load_sharded_target", "loads_by_shard",

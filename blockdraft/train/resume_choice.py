@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from blockdraft.errors import ConfigError
 from blockdraft.train import checkpoint as ckpt
-from blockdraft.train.distributed import DistInfo, all_gather_object, broadcast_object
+from blockdraft.ranks.distributed import DistInfo, all_gather_object, broadcast_object
 
 
 def agree_on_resume_checkpoint(run_dir, resume: str, dist: DistInfo) -> Optional[Path]:

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from blockdraft.errors import ConfigError
-from blockdraft.train.cpu_allocator import return_large_frees
-from blockdraft.train.distributed import DistInfo, all_gather_object
+from blockdraft.ranks.cpu_allocator import return_large_frees
+from blockdraft.ranks.distributed import DistInfo, all_gather_object
 
 STRATEGIES = ("none", "fsdp")
 MESHES = ("global", "node")

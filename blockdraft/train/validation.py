@@ -15,7 +15,7 @@ import math
 import torch
 
 from blockdraft.data.dataset import collate
-from blockdraft.train.distributed import all_reduce_sums
+from blockdraft.ranks.distributed import all_reduce_sums
 from blockdraft.train.logger import summarize
 from blockdraft.train.parallelize import run_step
 from blockdraft.train.step import train_step

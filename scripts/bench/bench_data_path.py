@@ -140,7 +140,7 @@ def before(dataset):
 def one_rank():
     import torch
 
-    from blockdraft.train.distributed import DistInfo
+    from blockdraft.ranks.distributed import DistInfo
 
     return DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

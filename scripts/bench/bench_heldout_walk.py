@@ -32,7 +32,7 @@ def scored(export: Path, rows: list, tmp: Path, experiment: str = "smollm2_dflas
     import blockdraft.train.__main__  # noqa: F401  (registers the train schema)
     from blockdraft.config import compose
     from blockdraft.data.dataset import collate
-    from blockdraft.train.distributed import init_distributed
+    from blockdraft.ranks.distributed import init_distributed
     from blockdraft.train.loop import Trainer
     from blockdraft.train.metrics import walked_accept_length, walked_calibration
     from blockdraft.train.setup import config_yaml

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from blockdraft.train import distributed
+from blockdraft.ranks import distributed
 from blockdraft.train.resume_choice import agree_on_resume_checkpoint
 
 

@@ -59,7 +59,7 @@ def fsdp_state(target) -> dict:
 
 def main(path: str, out: str) -> None:
     from blockdraft.models.target import TargetModel, load_causal_lm
-    from blockdraft.train.distributed import DistInfo
+    from blockdraft.ranks.distributed import DistInfo
     from blockdraft.train.target_sharding import load_sharded_target
 
     dist.init_process_group("gloo")

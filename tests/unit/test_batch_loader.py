@@ -21,7 +21,7 @@ from blockdraft.data.dataset import Documents, TokenizedDataset
 from blockdraft.errors import ConfigError
 from blockdraft.train.batch_loader import BatchLoader, pack, unpack
 from blockdraft.train.batch_order import GlobalBatches
-from blockdraft.train.distributed import DistInfo
+from blockdraft.ranks.distributed import DistInfo
 
 PAD, SEED, ROWS = 0, 3, 23
 MICRO, ACCUM, WORLD = 2, 2, 2  # 8 rows a step: 2 steps an epoch, 7 rows left out of each
@@ -158,7 +158,7 @@ def test_a_process_that_leaves_its_loader_open_still_exits(tmp_path):
         "from blockdraft.data.dataset import Documents, TokenizedDataset\n"
         "from blockdraft.train.batch_loader import BatchLoader\n"
         "from blockdraft.train.batch_order import GlobalBatches\n"
-        "from blockdraft.train.distributed import DistInfo\n"
+        "from blockdraft.ranks.distributed import DistInfo\n"
         "rows = TokenizedDataset(Documents.from_lists([[1, 2, 3]] * 8, [[False, True, True]] * 8, list(range(8))), 64)\n"
         "one = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device('cpu'))\n"
         "loader = BatchLoader(GlobalBatches(rows, 2, 1, 0, one, seed=0), 2)\n"

@@ -6,7 +6,7 @@ import torch
 
 from blockdraft.capture.config import CaptureAppConfig, check_vllm_launch
 from blockdraft.errors import ConfigError
-from blockdraft.train import distributed
+from blockdraft.ranks import distributed
 
 
 def test_torchrun_and_a_sharded_target_are_refused_with_the_fix():

@@ -12,7 +12,7 @@ from tests.integration.conftest import REPO
 SCRIPT = """
 import time
 import torch.distributed as dist
-from blockdraft.train.rank_watch import RankWatch
+from blockdraft.ranks.rank_watch import RankWatch
 store = dist.TCPStore("127.0.0.1", 0, 1, True)
 RankWatch(store, 0, 2, 60, interval_s=0.0001).start()
 time.sleep(0.2)

@@ -16,7 +16,7 @@ from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
 from blockdraft.data.token_file import MANIFEST
 from blockdraft.errors import DataError
 from blockdraft.train.batch_order import GlobalBatches
-from blockdraft.train.distributed import DistInfo
+from blockdraft.ranks.distributed import DistInfo
 
 ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

@@ -15,7 +15,7 @@ from blockdraft.data.config import DataConfig
 from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
 from blockdraft.errors import DataError
 from blockdraft.train.data_loading import load_split
-from blockdraft.train.distributed import DistInfo
+from blockdraft.ranks.distributed import DistInfo
 
 
 def chat(question, answer):

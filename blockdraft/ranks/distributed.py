@@ -60,7 +60,7 @@ def init_distributed(startup_timeout_s: float = DEFAULT_TIMEOUT_S, timeout_s: Op
                                 **_attempt_store(rank, world, startup_timeout_s),
                                 **({"device_id": device} if device.type == "cuda" else {}))
     if world > 1 and _watch is None:
-        from blockdraft.train.rank_watch import RankWatch
+        from blockdraft.ranks.rank_watch import RankWatch
 
         _watch = RankWatch(dist.distributed_c10d._get_default_store(), rank, world,
                            timeout_s if timeout_s is not None else startup_timeout_s).start()
@@ -101,7 +101,7 @@ def patient_barrier(what: str) -> None:
 
 def report_failure(err: BaseException, rank: int) -> None:
     """Tell every other rank that this one fails, and why: they stop within seconds, not at a timeout."""
-    from blockdraft.train.rank_watch import PeerFailed
+    from blockdraft.ranks.rank_watch import PeerFailed
 
     if _watch is None:
         return

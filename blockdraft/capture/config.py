@@ -13,7 +13,7 @@ from blockdraft.data.feature_store import check_storage_dtype
 from blockdraft.errors import ConfigError
 from blockdraft.models.target_checks import check_target_path
 from blockdraft.train.config import TrainAppConfig
-from blockdraft.train.target_sharding import check_strategy, check_target_mesh
+from blockdraft.models.target_sharding import check_strategy, check_target_mesh
 
 COMPUTE_DTYPES = ("train", "float32", "bfloat16", "auto")
 BACKENDS = ("transformers", "vllm")

@@ -29,7 +29,7 @@ class RowForward:
 
     def rows(self, items: list, batch: dict, wheres: list) -> list:
         """One forward over right-padded rows; each row keeps only its own positions."""
-        from blockdraft.train.features import batch_features, batch_features_and_final
+        from blockdraft.models.features import batch_features, batch_features_and_final
 
         device_batch = {k: v.to(self.device) for k, v in batch.items()}
         with self.autocast():
@@ -43,7 +43,7 @@ class RowForward:
     def stand_in(self, token_id: int) -> None:
         """A forward of one token whose output is dropped: what a rank with no row left runs while a target
         loaded by shard still needs it in every forward's all-gathers (the same kind of forward as the rows')."""
-        from blockdraft.train.features import batch_features, batch_features_and_final
+        from blockdraft.models.features import batch_features, batch_features_and_final
 
         one = torch.tensor([[token_id]], device=self.device)
         batch = {"input_ids": one, "attention_mask": torch.ones_like(one), "document_ids": torch.zeros_like(one)}
@@ -51,7 +51,7 @@ class RowForward:
             (batch_features_and_final if self.teacher_top_k else batch_features)(self.target, batch)
 
     def _row(self, r: int, item: dict, where: str, batch: dict, device_batch: dict, features, final) -> dict:
-        from blockdraft.train.teacher import teacher_topk_rows
+        from blockdraft.models.teacher import teacher_topk_rows
 
         n = len(item["input_ids"])
         teacher = {}

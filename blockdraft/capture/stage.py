@@ -33,7 +33,7 @@ from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.models.target_checks import resolve_target_dtype
 from blockdraft.ranks.distributed import all_gather_object, broadcast_object, init_distributed, patient_barrier
 from blockdraft.train.parallelize import rank_shards
-from blockdraft.train.target_sharding import loads_by_shard
+from blockdraft.models.target_sharding import loads_by_shard
 
 
 def all_gather_lists(local: list) -> list:
@@ -148,7 +148,7 @@ class CaptureStage:
             from blockdraft.models.target import TargetModel
 
             if self.by_shard:
-                from blockdraft.train.target_sharding import load_sharded_target
+                from blockdraft.models.target_sharding import load_sharded_target
 
                 # No rank holds the whole target: each reads its rows of each layer up to the deepest captured
                 # one (every layer when soft labels need the final hidden states).

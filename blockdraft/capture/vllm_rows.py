@@ -8,7 +8,7 @@ the file appears whole or not at all). This module waits for that file, reads it
 builds the row RowForward._row builds (blockdraft/capture/forward.py): the same keys, dtypes and shapes.
 
 Packed rows (several documents) are sent one request per document and put back together: online
-capture runs them document by document too (train/features.py), so no document sees another.
+capture runs them document by document too (models/features.py), so no document sees another.
 
 Layers. `target_layer_ids = [i, ...]` (the output of 0-indexed decoder layer i, HF hidden_states[i + 1])
 is vLLM's aux layer i + 1: `_maybe_add_hidden_state(aux, idx + 1, hidden_states, residual)` after decoder

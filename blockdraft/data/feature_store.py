@@ -163,7 +163,7 @@ class FeatureStoreDataset(torch.utils.data.Dataset):
             "document_lengths": shard.document_lengths[da:db].clone(),
             "features": f.get_slice("features")[a:b].float(),  # [L, n*H_t]
         }
-        if shard.has_teacher:  # the target's top-k at each position [L, k] (see train.teacher)
+        if shard.has_teacher:  # the target's top-k at each position [L, k] (see models.teacher)
             item["teacher_ids"] = f.get_slice("teacher_ids")[a:b].long()
             item["teacher_logits"] = f.get_slice("teacher_logits")[a:b].float()
         return item

@@ -1,5 +1,5 @@
 """Where the ranks' parallelism is applied, in one place (as torchtitan's parallelize.py): how the
-frozen target is spread over the ranks (target_sharding.py), how the draft is spread over them
+frozen target is spread over the ranks (models/target_sharding.py), how the draft is spread over them
 (train.draft_sharding), and which of a capture's shards each rank runs (rank_shards). The training
 loop and the capture stage only call these.
 
@@ -19,7 +19,7 @@ from torch import nn
 
 from blockdraft.errors import ConfigError
 from blockdraft.ranks.distributed import DistInfo
-from blockdraft.train.target_sharding import load_sharded_target, loads_by_shard, shard_target
+from blockdraft.models.target_sharding import load_sharded_target, loads_by_shard, shard_target
 
 __all__ = ["DRAFT_SHARDINGS", "check_draft_sharding", "gradient_sync", "load_sharded_target", "loads_by_shard",
            "parallelize_draft", "rank_shards", "run_step", "shard_target"]

@@ -20,7 +20,7 @@ from blockdraft.train.confidence import CONFIDENCE_TARGETS
 from blockdraft.train.optim import check_optim_config
 from blockdraft.train.batch_loader import check_loader_workers
 from blockdraft.train.parallelize import check_draft_sharding
-from blockdraft.train.target_sharding import check_strategy, check_target_mesh
+from blockdraft.models.target_sharding import check_strategy, check_target_mesh
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from blockdraft.errors import ConfigError
-from blockdraft.train.target_sharding import check_target_mesh
+from blockdraft.models.target_sharding import check_target_mesh
 from tests.integration.conftest import REPO
 
 NODES, PER_NODE = 2, 2
@@ -114,7 +114,7 @@ def test_target_mesh_refusals():
 def test_fsdp_refuses_a_torch_older_than_pyproject_allows(monkeypatch):
     import torch
 
-    from blockdraft.train.target_sharding import MIN_TORCH, check_strategy
+    from blockdraft.models.target_sharding import MIN_TORCH, check_strategy
 
     assert f'"torch>={MIN_TORCH},' in (REPO / "pyproject.toml").read_text()  # the refusal is pyproject's floor
     monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")  # a GPU machine's own torch, installed outside pip

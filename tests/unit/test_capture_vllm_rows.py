@@ -24,7 +24,7 @@ from blockdraft.capture.vllm_rows import (VllmRows, aux_layer_ids, features_from
                                           teacher_rows, topk_from_logprobs)
 from blockdraft.capture.vllm_servers import capture_args, capture_server_command, speculative_config
 from blockdraft.errors import ConfigError, DataError
-from blockdraft.train.teacher import teacher_topk_rows
+from blockdraft.models.teacher import teacher_topk_rows
 
 H = 4
 

@@ -244,8 +244,8 @@ def test_dpace_and_soft_label_step_equals_naive_per_block_loop(tiny_hf, tiny_tar
 
 
 def test_soft_labels_from_stored_top_k_equal_the_online_ones(tiny_hf, tiny_target):
-    from blockdraft.train.features import batch_features_and_final
-    from blockdraft.train.teacher import teacher_topk_rows
+    from blockdraft.models.features import batch_features_and_final
+    from blockdraft.models.teacher import teacher_topk_rows
 
     draft = make_draft(tiny_hf, "dflash")
     cfg = LoopConfig(num_anchors=5, kl_weight=1.0, teacher_top_k=6)

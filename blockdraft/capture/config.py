@@ -12,8 +12,8 @@ from blockdraft.config import register_schema
 from blockdraft.data.feature_store import check_storage_dtype
 from blockdraft.errors import ConfigError
 from blockdraft.models.target_checks import check_target_path
-from blockdraft.train.config import TrainAppConfig
 from blockdraft.models.target_sharding import check_strategy, check_target_mesh
+from blockdraft.train.config import TrainAppConfig
 
 COMPUTE_DTYPES = ("train", "float32", "bfloat16", "auto")
 BACKENDS = ("transformers", "vllm")

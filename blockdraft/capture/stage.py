@@ -1,6 +1,6 @@
 """The capture stage on one rank of any number: every rank loads the target (whole, or by shard with
 distributed.target_sharding=fsdp, as online training loads it) and tokenises the rows, captures the shards
-train/parallelize.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
+shard_split.py gives it, and rank 0 lists them in the index once all ranks are done (store_writer.py).
 One process is the world of one. With backend=vllm one process sends the rows to vLLM servers instead
 (capture/vllm_rows.py), whole shards at a time, so that every server has requests in flight.
 
@@ -23,7 +23,7 @@ from blockdraft.capture import store_writer
 from blockdraft.capture.config import CaptureAppConfig
 from blockdraft.capture.forward import RowForward
 from blockdraft.capture.identity import capture_compute_dtype, capture_identity, store_teacher_top_k
-from blockdraft.capture.shard_split import shard_rows
+from blockdraft.capture.shard_split import rank_shards, shard_rows
 from blockdraft.data.dataset import collate, prepare_dataset
 from blockdraft.data.feature_store import STORAGE_DTYPES, FeatureStore
 from blockdraft.data.store_identity import split_source
@@ -31,9 +31,8 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.draft_config import check_layer_ids
 from blockdraft.models.resolve import resolve_layer_ids
 from blockdraft.models.target_checks import resolve_target_dtype
-from blockdraft.ranks.distributed import all_gather_object, broadcast_object, init_distributed, patient_barrier
-from blockdraft.train.parallelize import rank_shards
 from blockdraft.models.target_sharding import loads_by_shard
+from blockdraft.ranks.distributed import all_gather_object, broadcast_object, init_distributed, patient_barrier
 
 
 def all_gather_lists(local: list) -> list:
@@ -94,7 +93,7 @@ class CaptureStage:
         """Recipes like tiny_cpu answer built-in prompts with the target first, as training does."""
         if self.cfg.prepare.regenerate_builtin is None:
             return
-        from blockdraft.train.data_loading import ensure_builtin_data, refuse_builtin_data_by_shard
+        from blockdraft.regen.builtin_data import ensure_builtin_data, refuse_builtin_data_by_shard
 
         if self.by_shard:  # answering needs the whole target, which no rank loads: refused unless already answered
             refuse_builtin_data_by_shard(self.cfg)

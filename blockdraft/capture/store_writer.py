@@ -1,6 +1,6 @@
 """The feature store's writer, for one rank of a capture.
 
-Every rank writes the shards it was given (train/parallelize.py rank_shards) and, once a shard's file is complete, a receipt
+Every rank writes the shards it was given (shard_split.py rank_shards) and, once a shard's file is complete, a receipt
 beside it (<split>/shard-NNNNN.json: rows, tokens, sha256): shards are numbered as one process numbers them, so
 no two ranks ever write the same file. The receipts are the capture's journal: a killed capture, on any number
 of ranks, resumes at the shards that have none. Rank 0 alone writes index.json: it opens the store, and once

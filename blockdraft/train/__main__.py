@@ -24,8 +24,8 @@ HELP = AppHelp(
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base=None)
 def main(cfg) -> None:
-    from blockdraft.train.loop import run_training
     from blockdraft.ranks.rank_watch import PeerFailed
+    from blockdraft.train.loop import run_training
     from blockdraft.train.stops import NonFiniteSteps, Preempted
 
     from hydra.core.hydra_config import HydraConfig

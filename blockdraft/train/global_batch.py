@@ -1,5 +1,5 @@
 """The global batch: rows per optimizer step over every rank, train.micro_batch_size x train.grad_accum x the
-world size. It is what the training's math depends on (data_loading.GlobalBatches: W ranks with grad_accum A
+world size. It is what the training's math depends on (batch_order.GlobalBatches: W ranks with grad_accum A
 train exactly what one rank with W*A trains), so a run continued on more or fewer ranks keeps it and grad_accum
 follows. The rule: a resume keeps its checkpoint's global batch unless train.grad_accum is given on the command
 line; given, it is used as given, and a global batch it changes is said."""

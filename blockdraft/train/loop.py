@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from blockdraft import faults
+from blockdraft.errors import ConfigError
 from blockdraft.models import build_draft
 from blockdraft.models.init_from_target import init_draft_from_safetensors, init_draft_from_target
 from blockdraft.models.meta_build import build_draft_on
@@ -20,30 +21,29 @@ from blockdraft.models.resolve import resolve_draft_config
 from blockdraft.models.target import TargetModel, load_causal_lm, special_token_ids
 from blockdraft.models.target_families import load_text_config
 from blockdraft.models.target_heads import TargetHeads
-from blockdraft.train import checkpoint as ckpt
-from blockdraft.train.config import TrainAppConfig
-from blockdraft.train.batch_loader import BatchLoader
-from blockdraft.train.batch_order import GlobalBatches
-from blockdraft.train.data_loading import (ensure_builtin_data, load_split, load_store_split, open_training_store,
-                                           refuse_builtin_data_by_shard)
-from blockdraft.train.draft_vocab import choose_draft_vocab
-from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
-from blockdraft.train.frozen import check_frozen, check_resume_frozen, freeze
 from blockdraft.ranks.distributed import (DistInfo, all_reduce_sum, all_reduce_sums, init_distributed, patient_barrier,
                                           report_failure, set_step_timeout, shutdown)
-from blockdraft.errors import ConfigError
+from blockdraft.regen.builtin_data import ensure_builtin_data, refuse_builtin_data_by_shard
+from blockdraft.train import checkpoint as ckpt
+from blockdraft.train.batch_loader import BatchLoader
+from blockdraft.train.batch_order import GlobalBatches
+from blockdraft.train.config import TrainAppConfig
+from blockdraft.train.data_loading import load_split, load_store_split, open_training_store
+from blockdraft.train.draft_vocab import choose_draft_vocab
+from blockdraft.train.frozen import check_frozen, check_resume_frozen, freeze
+from blockdraft.train.global_batch import given_on_command_line, resumed_grad_accum
 from blockdraft.train.logger import MetricsLogger, summarize, trim_metrics
+from blockdraft.train.optim import build_optimizer, build_scheduler, continue_schedule
+from blockdraft.train.parallelize import (full_norm, gradient_sync, load_sharded_target, loads_by_shard, parallelize_draft,
+                                          release_gathered, run_step, shard_target)
 from blockdraft.train.resume_choice import agree_on_resume_checkpoint
 from blockdraft.train.run_lock import RunLock
-from blockdraft.train.optim import build_optimizer, build_scheduler, continue_schedule
 from blockdraft.train.setup import check_config, config_yaml, resolve_backend, resolve_dtype, resolve_target_dtype
 from blockdraft.train.step import train_step
 from blockdraft.train.step_timer import Span, step_times
 from blockdraft.train.stops import NonFiniteSteps, Preempted
 from blockdraft.train.time_budget import TimeBudget
 from blockdraft.train.training_prompts import run_record, write_run_record
-from blockdraft.train.parallelize import (full_norm, gradient_sync, load_sharded_target, loads_by_shard, parallelize_draft,
-                                          release_gathered, run_step, shard_target)
 
 
 def run_training(cfg, overrides: Sequence[str] = ()) -> Path:

@@ -1,7 +1,7 @@
-"""Where the ranks' parallelism is applied, in one place (as torchtitan's parallelize.py): how the
-frozen target is spread over the ranks (models/target_sharding.py), how the draft is spread over them
-(train.draft_sharding), and which of a capture's shards each rank runs (rank_shards). The training
-loop and the capture stage only call these.
+"""Where training's parallelism is applied, in one place (as torchtitan's parallelize.py): how the
+frozen target is spread over the ranks (models/target_sharding.py) and how the draft is spread over them
+(train.draft_sharding). The training loop only calls these; which of a capture's shards each rank runs is
+the capture's own plan (capture/shard_split.py rank_shards).
 
 ddp:  the draft replicated on every rank, gradients all-reduced (DistributedDataParallel).
 fsdp: the draft's parameters, gradients and optimizer state sharded over the ranks (FSDP2
@@ -12,17 +12,16 @@ One process holds the plain draft either way.
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, List
 
 import torch
 from torch import nn
 
 from blockdraft.errors import ConfigError
-from blockdraft.ranks.distributed import DistInfo
 from blockdraft.models.target_sharding import load_sharded_target, loads_by_shard, shard_target
+from blockdraft.ranks.distributed import DistInfo
 
 __all__ = ["DRAFT_SHARDINGS", "check_draft_sharding", "gradient_sync", "load_sharded_target", "loads_by_shard",
-           "parallelize_draft", "rank_shards", "run_step", "shard_target"]
+           "parallelize_draft", "run_step", "shard_target"]
 
 DRAFT_SHARDINGS = ("ddp", "fsdp")
 
@@ -107,18 +106,3 @@ def release_gathered(model: nn.Module) -> None:
     """After a forward without backward (validation) the FSDP2 root keeps the gathered draft: free it."""
     if isinstance(model, ShardedDraft):
         model.reshard()
-
-
-def rank_shards(shard_tokens: Dict[int, int], rank: int, world_size: int) -> List[int]:
-    """The capture's shards (number -> tokens) this rank runs: longest first, each to the rank with the fewest
-    tokens so far (the lower rank on a tie); the rank's shards in ascending order. Every rank computes the same
-    plan from the same tokens. A shard, not a row, is the unit, so the store any number of ranks writes holds
-    the same files in the same row order: training's data order never depends on the capture's world size."""
-    load = [0] * world_size
-    mine = []
-    for number in sorted(shard_tokens, key=lambda n: (-shard_tokens[n], n)):
-        least = min(range(world_size), key=lambda r: (load[r], r))
-        load[least] += shard_tokens[number]
-        if least == rank:
-            mine.append(number)
-    return sorted(mine)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from blockdraft.errors import ConfigError
-from blockdraft.train import checkpoint as ckpt
 from blockdraft.ranks.distributed import DistInfo, all_gather_object, broadcast_object
+from blockdraft.train import checkpoint as ckpt
 
 
 def agree_on_resume_checkpoint(run_dir, resume: str, dist: DistInfo) -> Optional[Path]:

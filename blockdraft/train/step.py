@@ -21,11 +21,12 @@ import torch.nn.functional as F
 
 from blockdraft import faults
 from blockdraft.kinds.dflash.loss import BlockLoss, SupervisedSlots, chunked_argmax
+from blockdraft.models.features import batch_features, batch_features_and_final
 from blockdraft.models.layers import per_layer_masks
 from blockdraft.models.target import TargetModel
+from blockdraft.models.teacher import slot_source_rows, slot_teacher
 from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.config import LoopConfig
-from blockdraft.models.features import batch_features, batch_features_and_final
 from blockdraft.train.losses import (
     chunked_cross_entropy_rows,
     chunked_forward_kl_rows,
@@ -40,7 +41,6 @@ from blockdraft.train.losses import (
 from blockdraft.train.masks import dense_block_mask, flex_block_mask
 from blockdraft.train.metrics import accept_length
 from blockdraft.train.step_timer import Span
-from blockdraft.models.teacher import slot_source_rows, slot_teacher
 
 # Rows per chunk of the full-distribution KL when train.loss_chunk_size is 0: two [chunk, V]
 # float32 blocks (the draft's and the target's) stay small even on a 152k vocabulary.

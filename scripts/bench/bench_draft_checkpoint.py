@@ -16,8 +16,8 @@ import torch
 from blockdraft.models import build_draft, sharded_io
 from blockdraft.models.resolve import DraftConfig, resolve_draft_config
 from blockdraft.models.tiny_target import tiny_config
-from blockdraft.train import checkpoint as ckpt
 from blockdraft.ranks.distributed import barrier, init_distributed
+from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.parallelize import parallelize_draft
 
 

@@ -33,8 +33,8 @@ def _import_what_loading_imports() -> None:
 
 def main(big: str, families: list, out: str) -> None:
     from blockdraft.models.target import TargetModel, load_causal_lm
-    from blockdraft.ranks.distributed import init_distributed, shutdown
     from blockdraft.models.target_sharding import load_sharded_target
+    from blockdraft.ranks.distributed import init_distributed, shutdown
 
     dist = init_distributed()
     _import_what_loading_imports()

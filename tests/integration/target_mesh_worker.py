@@ -59,8 +59,8 @@ def fsdp_state(target) -> dict:
 
 def main(path: str, out: str) -> None:
     from blockdraft.models.target import TargetModel, load_causal_lm
-    from blockdraft.ranks.distributed import DistInfo
     from blockdraft.models.target_sharding import load_sharded_target
+    from blockdraft.ranks.distributed import DistInfo
 
     dist.init_process_group("gloo")
     info = DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"]), torch.device("cpu"))

@@ -19,9 +19,9 @@ import torch
 
 from blockdraft.data.dataset import Documents, TokenizedDataset
 from blockdraft.errors import ConfigError
+from blockdraft.ranks.distributed import DistInfo
 from blockdraft.train.batch_loader import BatchLoader, pack, unpack
 from blockdraft.train.batch_order import GlobalBatches
-from blockdraft.ranks.distributed import DistInfo
 
 PAD, SEED, ROWS = 0, 3, 23
 MICRO, ACCUM, WORLD = 2, 2, 2  # 8 rows a step: 2 steps an epoch, 7 rows left out of each

@@ -3,7 +3,7 @@
 import random
 
 from blockdraft.capture.shard_split import shard_rows
-from blockdraft.train.parallelize import rank_shards
+from blockdraft.capture.shard_split import rank_shards
 
 
 def test_every_shard_is_captured_by_exactly_one_rank_and_the_tokens_are_shared_out():

@@ -15,8 +15,8 @@ from blockdraft.data.dataset import CACHE_FORMAT, TokenizedDataset, dataset_key,
 from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
 from blockdraft.data.token_file import MANIFEST
 from blockdraft.errors import DataError
-from blockdraft.train.batch_order import GlobalBatches
 from blockdraft.ranks.distributed import DistInfo
+from blockdraft.train.batch_order import GlobalBatches
 
 ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

@@ -14,8 +14,8 @@ import blockdraft.data.tokenize_stream as stream_module
 from blockdraft.data.config import DataConfig
 from blockdraft.data.tiny_tokenizer import build_tiny_tokenizer
 from blockdraft.errors import DataError
-from blockdraft.train.data_loading import load_split
 from blockdraft.ranks.distributed import DistInfo
+from blockdraft.train.data_loading import load_split
 
 
 def chat(question, answer):

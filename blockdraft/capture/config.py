@@ -9,11 +9,11 @@ from omegaconf import MISSING
 
 from blockdraft.capture.vllm_config import CaptureVllmConfig
 from blockdraft.config import register_schema
+from blockdraft.config.recipe import TrainAppConfig
 from blockdraft.data.feature_store import check_storage_dtype
 from blockdraft.errors import ConfigError
 from blockdraft.models.target_checks import check_target_path
 from blockdraft.models.target_sharding import check_strategy, check_target_mesh
-from blockdraft.train.config import TrainAppConfig
 
 COMPUTE_DTYPES = ("train", "float32", "bfloat16", "auto")
 BACKENDS = ("transformers", "vllm")

@@ -173,7 +173,7 @@ def training_config(cfg: GateConfig, out: Path, anchors: int, steps: Optional[in
     what the gate must fix (its one row, never a recipe's regenerated data, no validation, its run
     directory, this target). `anchors`: the row's valid anchors (every one is drawn each step)."""
     from blockdraft.config import compose, register_schema
-    from blockdraft.train.config import TrainAppConfig
+    from blockdraft.config.recipe import TrainAppConfig
 
     register_schema("train_schema", TrainAppConfig)
     anchors = max(1, anchors)

@@ -143,12 +143,12 @@ def composed(s: PipelineSettings, use_store: bool = True) -> dict:
     """Each app's config as that app would compose it; a key no stage knows is refused here, by name."""
     from omegaconf import OmegaConf
 
-    from blockdraft.config import compose, register_schema
     from blockdraft.capture.config import CaptureAppConfig
-    from blockdraft.regen.config import RegenConfig
+    from blockdraft.config import compose, register_schema
+    from blockdraft.config.recipe import TrainAppConfig
     from blockdraft.export.config import ExportConfig
+    from blockdraft.regen.config import RegenConfig
     from blockdraft.serve.config import ServeConfig
-    from blockdraft.train.config import TrainAppConfig
 
     for name, schema in (("train_schema", TrainAppConfig), ("capture_schema", CaptureAppConfig),
                          ("regen_schema", RegenConfig), ("export_schema", ExportConfig), ("serve_schema", ServeConfig)):

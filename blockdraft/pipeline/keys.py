@@ -120,7 +120,7 @@ def gate_inputs(s: PipelineSettings, cfg, training, target_fingerprint: str, ser
     """What the gate's verdict depends on: the target, the serving stack (its packages' versions), the gate's
     own settings and the training it composes for its sample (the recipe's draft settings resolved). No
     stage of the run is in it: the gate runs first, and a retrain keeps it."""
-    from blockdraft.train.config import TrainAppConfig
+    from blockdraft.config.recipe import TrainAppConfig
 
     own = without(cfg, (*type(cfg).OUTPUT_NEUTRAL, "train_overrides"))  # the overrides as `training` composes them
     return placeheld({"target": target_fingerprint, "serving": serving_stack, "config": own,

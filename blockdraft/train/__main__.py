@@ -6,9 +6,9 @@ import hydra
 
 from blockdraft.config import CONFIG_DIR, register_schema
 from blockdraft.config.app_help import AppHelp, exit_if_help_asked
+from blockdraft.config.recipe import TrainAppConfig
 from blockdraft.config.target_argument import rewrite_target_argument, target_argument_or_exit
 from blockdraft.errors import ConfigError, DataError
-from blockdraft.train.config import TrainAppConfig
 
 register_schema("train_schema", TrainAppConfig)
 

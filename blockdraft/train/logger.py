@@ -9,7 +9,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from blockdraft.train.config import WandbConfig
+from blockdraft.config.recipe import WandbConfig
 
 
 class MetricsLogger:

@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from blockdraft import faults
+from blockdraft.config.recipe import TrainAppConfig
 from blockdraft.errors import ConfigError
 from blockdraft.models import build_draft
 from blockdraft.models.init_from_target import init_draft_from_safetensors, init_draft_from_target
@@ -27,7 +28,6 @@ from blockdraft.regen.builtin_data import ensure_builtin_data, refuse_builtin_da
 from blockdraft.train import checkpoint as ckpt
 from blockdraft.train.batch_loader import BatchLoader
 from blockdraft.train.batch_order import GlobalBatches
-from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.data_loading import load_split, load_store_split, open_training_store
 from blockdraft.train.draft_vocab import choose_draft_vocab
 from blockdraft.train.frozen import check_frozen, check_resume_frozen, freeze

@@ -4,47 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
+from blockdraft.config.recipe import OptimConfig
 from blockdraft.errors import ConfigError
 from blockdraft.machine import fast_cpu_bfloat16
 from blockdraft.train.seen_rows_adamw import SeenRowsAdamW
 
 OPTIMIZERS = ("adamw", "muon")
-
-
-@dataclass
-class OptimConfig:
-    name: str = "adamw"
-    """adamw | muon (torch.optim.Muon for the 2-D weight matrices, AdamW for everything else)."""
-    lr: float = 6e-4
-    """Peak learning rate (with muon: of the AdamW group: norms, biases, other non-matrix parameters)."""
-    weight_decay: float = 0.0
-    """AdamW's decoupled weight decay (with muon: of the AdamW group)."""
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    """AdamW's two moment decay rates."""
-    warmup_ratio: float = 0.04
-    """Share of max_steps spent warming up linearly from 0."""
-    min_lr_ratio: float = 0.1
-    """Cosine decays to lr * min_lr_ratio at max_steps."""
-    grad_clip: float = 1.0
-    """Clip the global grad norm to this; 0 disables."""
-    muon_lr: Optional[float] = None
-    """muon: peak learning rate of the matrix group; null = lr. Muon's updates are rescaled to
-    AdamW's RMS (adjust_lr_fn=match_rms_adamw), so the two rates are on one scale."""
-    muon_momentum: float = 0.95
-    """muon: momentum of the matrix group's updates."""
-    muon_weight_decay: float = 0.0
-    """muon: decoupled weight decay of the matrix group."""
-    muon_ns_steps: int = 5
-    """Newton-Schulz iterations per Muon step (torch's default 5): fewer make a step cheaper on a CPU,
-    where they dominate it, and orthogonalise the update less exactly."""
-    muon_ns_dtype: str = "auto"
-    """Dtype of Muon's Newton-Schulz iteration: auto (bfloat16, torch's own, on CUDA and on a CPU with
-    AVX512-BF16 or AMX; float32 on other CPUs, where bfloat16 matmuls ran about 28x slower) | bfloat16 | float32."""
 
 
 class MuonWithAdamW(torch.optim.Optimizer):

@@ -14,11 +14,11 @@ from blockdraft import kinds
 from blockdraft.errors import ConfigError
 from blockdraft.models.draft_config import check_block_size, check_draft_vocab as check_kind_draft_vocab
 # The target group's checks live below train (capture settles them too); the loop imports them from here.
+from blockdraft.config.recipe import TrainAppConfig
 from blockdraft.models.target_checks import check_target_path, resolve_dtype, resolve_target_dtype  # noqa: F401
 from blockdraft.models.target_sharding import check_strategy, check_target_mesh
 from blockdraft.train.batch_loader import check_loader_workers
 from blockdraft.train.confidence import CONFIDENCE_TARGETS
-from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.optim import check_optim_config
 from blockdraft.train.parallelize import check_draft_sharding
 

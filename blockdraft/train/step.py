@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from blockdraft import faults
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.kinds.dflash.loss import BlockLoss, SupervisedSlots, chunked_argmax
 from blockdraft.models.features import batch_features, batch_features_and_final
 from blockdraft.models.layers import per_layer_masks
 from blockdraft.models.target import TargetModel
 from blockdraft.models.teacher import slot_source_rows, slot_teacher
 from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
-from blockdraft.train.config import LoopConfig
 from blockdraft.train.losses import (
     chunked_cross_entropy_rows,
     chunked_forward_kl_rows,

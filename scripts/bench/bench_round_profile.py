@@ -161,7 +161,7 @@ def ensure_drafts(args, vocabs) -> dict:
         if not (root / "export" / "config.json").is_file():
             code = ("import sys; from pathlib import Path; from omegaconf import OmegaConf\n"
                     "from blockdraft.config import compose, register_schema\n"
-                    "from blockdraft.train.config import TrainAppConfig\n"
+                    "from blockdraft.config.recipe import TrainAppConfig\n"
                     "from blockdraft.pipeline.round_cost import write_untrained_export\n"
                     "register_schema('train_schema', TrainAppConfig)\n"
                     "t, root, vocab = sys.argv[1:4]\n"

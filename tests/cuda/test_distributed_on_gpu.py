@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
-from blockdraft.train.config import LoopConfig
 from blockdraft.train.logger import read_metrics
 from blockdraft.train.step import train_step
 from tests.conftest import make_draft

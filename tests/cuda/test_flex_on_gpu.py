@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_mask
 
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.models.layers import attend
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
-from blockdraft.train.config import LoopConfig
 from blockdraft.train.masks import block_mask_mod, dense_block_mask, flex_block_mask
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import make_draft

@@ -3,9 +3,9 @@
 import torch
 import torch.nn.functional as F
 
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
-from blockdraft.train.config import LoopConfig
 from blockdraft.train.losses import chunked_cross_entropy_rows
 from blockdraft.train.step import train_step
 from tests.conftest import make_draft

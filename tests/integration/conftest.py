@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from blockdraft.config import compose, register_schema
 from blockdraft.capture.config import CaptureAppConfig
-from blockdraft.train.config import TrainAppConfig
+from blockdraft.config import compose, register_schema
+from blockdraft.config.recipe import TrainAppConfig
 
 REPO = Path(__file__).resolve().parents[2]
 register_schema("train_schema", TrainAppConfig)

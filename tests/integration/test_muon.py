@@ -45,7 +45,9 @@ def test_muon_in_float32_follows_torchs_bfloat16_iteration():
     iteration as torch.optim.Muon's, to bfloat16's precision, and one optimizer step of each agrees."""
     from torch.optim._muon import _zeropower_via_newtonschulz
 
-    from blockdraft.train.optim import OptimConfig, build_optimizer, newton_schulz_float32
+    from blockdraft.config.recipe import OptimConfig
+
+    from blockdraft.train.optim import build_optimizer, newton_schulz_float32
 
     g = torch.randn(48, 80, generator=torch.Generator().manual_seed(0))
     coefficients = (3.4445, -4.7750, 2.0315)
@@ -69,7 +71,8 @@ def test_muon_in_float32_follows_torchs_bfloat16_iteration():
 
 
 def test_fewer_newton_schulz_steps_reach_torchs_iteration_and_bad_counts_are_refused_early(tmp_path):
-    from blockdraft.train.optim import OptimConfig, build_optimizer
+    from blockdraft.config.recipe import OptimConfig
+    from blockdraft.train.optim import build_optimizer
 
     w = torch.nn.Parameter(torch.ones(8, 12))
     optimizer = build_optimizer([w], OptimConfig(name="muon", muon_ns_steps=3))

@@ -41,7 +41,8 @@ def logged_lr(run_dir):
 
 def cosine(step, max_steps, lr, warmup_ratio=0.1, min_ratio=0.1):
     """The lr after `step` optimizer steps of a max_steps run (optim.build_scheduler's factor at `step`)."""
-    from blockdraft.train.optim import OptimConfig, build_scheduler
+    from blockdraft.config.recipe import OptimConfig
+    from blockdraft.train.optim import build_scheduler
 
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=lr)
@@ -53,7 +54,7 @@ def cosine(step, max_steps, lr, warmup_ratio=0.1, min_ratio=0.1):
 
 
 def test_more_steps_continue_the_run_on_the_longer_schedule_and_fewer_leave_it_as_it_is(tmp_path):
-    from blockdraft.train.optim import OptimConfig
+    from blockdraft.config.recipe import OptimConfig
 
     run = tmp_path / "run"
     code, out = train(run, "train.max_steps=20")

@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException
 
 from blockdraft.config import CONFIG_DIR, compose, register_schema
-from blockdraft.train.config import TrainAppConfig
+from blockdraft.config.recipe import TrainAppConfig
 
 register_schema("train_schema", TrainAppConfig)
 

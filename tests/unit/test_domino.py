@@ -7,17 +7,17 @@ import sys
 import pytest
 import torch
 
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import ContractError
 from blockdraft.export.importer import import_draft
 from blockdraft.export.reload_check import make_probe, run_probe
 from blockdraft.export.writer import export_draft
 from blockdraft.models.resolve import DraftConfig, resolve_draft_config
-from blockdraft.serve.engine import SpeculativeEngine
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve.config import ServeConfig
+from blockdraft.serve.engine import SpeculativeEngine
 from blockdraft.serve.preflight import choose_engine, plan_serving, read_draft
-from blockdraft.train.config import LoopConfig
 from blockdraft.train.step import draw_blocks, train_step
 from blockdraft.vllm_runtime.probe import VllmInfo
 from tests.conftest import MASK_ID, make_draft

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.errors import ConfigError
-from blockdraft.train.config import LoopConfig
 from blockdraft.train.losses import slot_weights
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import MASK_ID, make_draft

@@ -7,8 +7,8 @@ import torch
 from omegaconf import OmegaConf
 
 from blockdraft.config import compose, register_schema
+from blockdraft.config.recipe import TrainAppConfig
 from blockdraft.errors import ConfigError
-from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.setup import check_config, resolve_dtype, resolve_target_dtype
 
 register_schema("train_schema", TrainAppConfig)

@@ -14,7 +14,7 @@ from blockdraft.export.reload_check import make_probe, run_probe
 from blockdraft.export.writer import export_draft
 from blockdraft.serve.preflight import read_draft
 from tests.conftest import make_draft
-from blockdraft.train.config import TrainAppConfig
+from blockdraft.config.recipe import TrainAppConfig
 from tests.unit.export_helpers import make_run
 
 register_schema("train_schema", TrainAppConfig)

@@ -112,7 +112,7 @@ def test_an_export_missing_a_lilicorr_key_is_refused_with_the_fix(tmp_path):
 
 def test_draft_lilicorr_composes_with_its_objective_and_resolves_on_the_tiny_recipe():
     from blockdraft.config import compose, register_schema
-    from blockdraft.train.config import TrainAppConfig
+    from blockdraft.config.recipe import TrainAppConfig
 
     register_schema("train_schema", TrainAppConfig)
     cfg = compose("train", ["experiment=tiny_cpu", "draft=lilicorr", "run_dir=/tmp/x"])
@@ -145,8 +145,8 @@ def test_resuming_with_another_lattice_or_convolution_is_noticed():
 
 def test_pipeline_keys_hold_the_lattice_settings_for_lilicorr_only():
     from blockdraft.config import compose, register_schema
+    from blockdraft.config.recipe import TrainAppConfig
     from blockdraft.pipeline.keys import gate_other_kinds, train_neutral
-    from blockdraft.train.config import TrainAppConfig
 
     register_schema("train_schema", TrainAppConfig)
     keys = {f"draft.{k}" for k in LILICORR_KEYS}

@@ -71,7 +71,7 @@ def test_sampled_output_follows_target_distribution():
 def test_training_walks_each_block_as_the_engine_drafts_it(tiny_hf, tiny_target):
     """The step's predictions (its greedy walk) equal the engine's proposals for the same block and context:
     the same slot states, anchor state and candidates on both sides."""
-    from blockdraft.train.config import LoopConfig
+    from blockdraft.config.recipe import LoopConfig
     from blockdraft.train.step import train_step
     from tests.unit.test_step import _batch
 

@@ -5,9 +5,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from blockdraft.kinds.lilicorr.model import walk
-from blockdraft.train.config import LoopConfig
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.kinds.lilicorr.loss import path_targets
+from blockdraft.kinds.lilicorr.model import walk
 from blockdraft.train.losses import slot_weights
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import MASK_ID, make_draft

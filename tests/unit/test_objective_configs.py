@@ -4,10 +4,10 @@ bad values at the config check, before anything loads."""
 import pytest
 from omegaconf import OmegaConf
 
-from blockdraft.config import compose, register_schema
 from blockdraft.capture.config import CaptureAppConfig
+from blockdraft.config import compose, register_schema
+from blockdraft.config.recipe import TrainAppConfig
 from blockdraft.errors import ConfigError
-from blockdraft.train.config import TrainAppConfig
 from blockdraft.train.setup import check_config
 
 register_schema("train_schema", TrainAppConfig)

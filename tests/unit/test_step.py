@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from blockdraft.train.config import LoopConfig
+from blockdraft.config.recipe import LoopConfig
 from blockdraft.train.losses import slot_weights
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import MASK_ID, make_draft

@@ -21,7 +21,7 @@ class SupervisedSlots:
     """One micro-batch's supervised slots (M of them: `blocks.label_mask`) and what they were computed from."""
 
     cfg: Any
-    """The `train` settings (train.config.LoopConfig)."""
+    """The `train` settings (config.recipe.LoopConfig)."""
     target: Any
     """The target (models.target.TargetModel): its `embed_tokens` and `lm_head_weight`."""
     features: Tensor

@@ -1,5 +1,8 @@
-"""Schemas of the training app. Each component keeps its own group schema next to its code;
-this file composes them and adds the loop's own settings."""
+"""The recipe's schema: every group a training recipe sets (configs/train.yaml and its experiments). The
+capture's schema extends it, so that a recipe means the same thing to both, and the pipeline keys its stages on
+it; it sits below those stages, in the shared config room. The target, draft and data groups keep their schemas
+next to their code (models/target_config.py, models/resolve.py, data/config.py); this file composes them and
+adds the loop's own settings and the optimizer's (whose code is train/optim.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,37 @@ from omegaconf import MISSING
 from blockdraft.data.config import DataConfig
 from blockdraft.models.resolve import DraftConfig
 from blockdraft.models.target_config import TargetConfig
-from blockdraft.train.optim import OptimConfig
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """adamw | muon (torch.optim.Muon for the 2-D weight matrices, AdamW for everything else)."""
+    lr: float = 6e-4
+    """Peak learning rate (with muon: of the AdamW group: norms, biases, other non-matrix parameters)."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay (with muon: of the AdamW group)."""
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW's two moment decay rates."""
+    warmup_ratio: float = 0.04
+    """Share of max_steps spent warming up linearly from 0."""
+    min_lr_ratio: float = 0.1
+    """Cosine decays to lr * min_lr_ratio at max_steps."""
+    grad_clip: float = 1.0
+    """Clip the global grad norm to this; 0 disables."""
+    muon_lr: Optional[float] = None
+    """muon: peak learning rate of the matrix group; null = lr. Muon's updates are rescaled to
+    AdamW's RMS (adjust_lr_fn=match_rms_adamw), so the two rates are on one scale."""
+    muon_momentum: float = 0.95
+    """muon: momentum of the matrix group's updates."""
+    muon_weight_decay: float = 0.0
+    """muon: decoupled weight decay of the matrix group."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations per Muon step (torch's default 5): fewer make a step cheaper on a CPU,
+    where they dominate it, and orthogonalise the update less exactly."""
+    muon_ns_dtype: str = "auto"
+    """Dtype of Muon's Newton-Schulz iteration: auto (bfloat16, torch's own, on CUDA and on a CPU with
+    AVX512-BF16 or AMX; float32 on other CPUs, where bfloat16 matmuls ran about 28x slower) | bfloat16 | float32."""
 
 
 @dataclass
@@ -180,7 +213,7 @@ class TrainAppConfig:
                       "data.tokenize_workers", "resume", "overwrite", "name")
     # How far the run goes: a larger value continues the run from its last checkpoint instead of starting anew.
     EXTENT = ("train.max_steps", "train.max_minutes")
-    # What a resume takes from the new config (loop.py _continue_schedule; the clip is read every step): a run
+    # What a resume takes from the new config (train/loop.py _continue_schedule; the clip is read every step): a run
     # that stopped part way (on non-finite steps, say) continues from its last checkpoint under a change of
     # these, where a finished run changed in them is a new run.
     RESUMABLE = ("optim.lr", "optim.muon_lr", "optim.grad_clip")

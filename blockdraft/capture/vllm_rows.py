@@ -26,7 +26,7 @@ itself (any rank), so the k best by value are kept. The servers the capture star
 `--logprobs-mode raw_logits`, under which these values are the target's raw logits, the store's own
 numbers. A server in the default `raw_logprobs` mode gives logits minus a per-position constant
 (log-sum-exp over the vocabulary); the trainer reads stored logits only through
-log_softmax(logits / T) over each position's k candidates (train/losses.py teacher_log_probs), which
+log_softmax(logits / T) over each position's k candidates (losses/block.py teacher_log_probs), which
 such a constant leaves unchanged, so those serve the same training. The last position of a document
 scores no prompt token: where a packed row supervises the token after it, its top-k comes from the one
 generated token's logprobs (`logprobs=k`, ids returned as `token_id:<id>`).

@@ -15,10 +15,10 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.draft_config import check_block_size, check_draft_vocab as check_kind_draft_vocab
 # The target group's checks live below train (capture settles them too); the loop imports them from here.
 from blockdraft.config.recipe import TrainAppConfig
+from blockdraft.losses.confidence import CONFIDENCE_TARGETS
 from blockdraft.models.target_checks import check_target_path, resolve_dtype, resolve_target_dtype  # noqa: F401
 from blockdraft.models.target_sharding import check_strategy, check_target_mesh
 from blockdraft.train.batch_loader import check_loader_workers
-from blockdraft.train.confidence import CONFIDENCE_TARGETS
 from blockdraft.train.optim import check_optim_config
 from blockdraft.train.parallelize import check_draft_sharding
 
@@ -78,7 +78,7 @@ def check_config(cfg: TrainAppConfig, data_ready: bool = True) -> None:
 
 
 def check_loss_weights(t) -> None:
-    from blockdraft.train.losses import POSITION_WEIGHTINGS, check_dpace_alpha, check_loss_normalization
+    from blockdraft.losses.block import POSITION_WEIGHTINGS, check_dpace_alpha, check_loss_normalization
 
     if t.position_weighting not in POSITION_WEIGHTINGS:
         raise ConfigError(f"train.position_weighting={t.position_weighting!r}; use one of {list(POSITION_WEIGHTINGS)}.")

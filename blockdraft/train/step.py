@@ -22,12 +22,7 @@ import torch.nn.functional as F
 from blockdraft import faults
 from blockdraft.config.recipe import LoopConfig
 from blockdraft.kinds.dflash.loss import BlockLoss, SupervisedSlots, chunked_argmax
-from blockdraft.models.features import batch_features, batch_features_and_final
-from blockdraft.models.layers import per_layer_masks
-from blockdraft.models.target import TargetModel
-from blockdraft.models.teacher import slot_source_rows, slot_teacher
-from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
-from blockdraft.train.losses import (
+from blockdraft.losses.block import (
     chunked_cross_entropy_rows,
     chunked_forward_kl_rows,
     chunked_full_kl_rows,
@@ -38,6 +33,11 @@ from blockdraft.train.losses import (
     slot_weights,
     teacher_log_probs,
 )
+from blockdraft.models.features import batch_features, batch_features_and_final
+from blockdraft.models.layers import per_layer_masks
+from blockdraft.models.target import TargetModel
+from blockdraft.models.teacher import slot_source_rows, slot_teacher
+from blockdraft.train.anchors import BlockBatch, build_blocks, sample_anchors, sample_prefix_lengths, valid_anchor_mask
 from blockdraft.train.masks import dense_block_mask, flex_block_mask
 from blockdraft.train.metrics import accept_length
 from blockdraft.train.step_timer import Span

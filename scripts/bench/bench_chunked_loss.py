@@ -23,7 +23,7 @@ SLOTS, VOCAB, HIDDEN = 8192, 151_936, 256
 def run(chunk: int) -> dict:
     import torch
 
-    from blockdraft.train.losses import block_cross_entropy, chunked_block_cross_entropy
+    from blockdraft.losses.block import block_cross_entropy, chunked_block_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(SLOTS, HIDDEN, generator=g, requires_grad=True)

@@ -32,11 +32,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from blockdraft.config.recipe import LoopConfig  # noqa: E402
+from blockdraft.losses.block import chunked_cross_entropy_rows, slot_weights, weighted_mean  # noqa: E402
 from blockdraft.models import build_draft  # noqa: E402
 from blockdraft.models.features import batch_features  # noqa: E402
 from blockdraft.models.resolve import DraftConfig, resolve_draft_config  # noqa: E402
 from blockdraft.models.target import TargetModel  # noqa: E402
-from blockdraft.train.losses import chunked_cross_entropy_rows, slot_weights, weighted_mean  # noqa: E402
 from blockdraft.train.step import block_attention_mask, draw_blocks, train_step  # noqa: E402
 
 

@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from blockdraft.config.recipe import LoopConfig
+from blockdraft.losses.block import chunked_cross_entropy_rows
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
-from blockdraft.train.losses import chunked_cross_entropy_rows
 from blockdraft.train.step import train_step
 from tests.conftest import make_draft
 from tests.cuda.gpu_helpers import cosine, grads_of, needs_cuda, packed_batch

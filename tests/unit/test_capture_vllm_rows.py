@@ -82,7 +82,7 @@ def test_prompt_logprobs_t_plus_one_is_the_stores_position_t_also_across_packed_
 def test_logprobs_teach_what_logits_teach():
     """vLLM's default mode gives logits minus a per-position constant; the trainer's log_softmax over the k
     candidates cancels it, so a store of logprobs trains like a store of logits."""
-    from blockdraft.train.losses import teacher_log_probs
+    from blockdraft.losses.block import teacher_log_probs
 
     logits = torch.randn(5, 8)
     rest = torch.randn(5, 100)  # the vocabulary outside the top k

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from blockdraft.config.recipe import LoopConfig
 from blockdraft.errors import ConfigError
-from blockdraft.train.losses import slot_weights
+from blockdraft.losses.block import slot_weights
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import MASK_ID, make_draft
 from tests.unit.test_step import _batch

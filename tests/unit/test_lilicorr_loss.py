@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from blockdraft.config.recipe import LoopConfig
 from blockdraft.kinds.lilicorr.loss import path_targets
 from blockdraft.kinds.lilicorr.model import walk
-from blockdraft.train.losses import slot_weights
+from blockdraft.losses.block import slot_weights
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import MASK_ID, make_draft
 from tests.unit.test_step import _batch, _each_block, _naive_loss

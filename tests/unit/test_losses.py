@@ -7,18 +7,18 @@ import torch
 import torch.nn.functional as F
 
 from blockdraft.errors import ConfigError
-from blockdraft.train.anchors import (
-    build_blocks,
-    sample_anchors,
-    sample_prefix_lengths,
-    valid_anchor_mask,
-)
-from blockdraft.train.losses import (
+from blockdraft.losses.block import (
     block_cross_entropy,
     chunked_block_cross_entropy,
     selector_cross_entropy,
     slot_weights,
     topk_candidates,
+)
+from blockdraft.train.anchors import (
+    build_blocks,
+    sample_anchors,
+    sample_prefix_lengths,
+    valid_anchor_mask,
 )
 from blockdraft.train.metrics import accept_length, slot_accuracy
 
@@ -219,7 +219,7 @@ def test_accept_length_starts_at_the_prefix():
 
 
 def test_dpace_weights_match_a_direct_per_block_computation():
-    from blockdraft.train.losses import dpace_weights
+    from blockdraft.losses.block import dpace_weights
 
     g = torch.Generator().manual_seed(0)
     probs = torch.rand(5, 3, 7, generator=g)
@@ -244,7 +244,7 @@ def test_dpace_weights_match_a_direct_per_block_computation():
 
 # --- the objectives issue: a slot without a teacher, the normalisations, the full-distribution KL
 def test_a_row_without_a_usable_candidate_gives_no_nan_and_no_gradient():
-    from blockdraft.train.losses import forward_kl_rows, has_teacher, normalized_loss, teacher_log_probs
+    from blockdraft.losses.block import forward_kl_rows, has_teacher, normalized_loss, teacher_log_probs
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, V, generator=g, requires_grad=True)
@@ -267,7 +267,7 @@ def test_a_row_without_a_usable_candidate_gives_no_nan_and_no_gradient():
 
 
 def test_normalisations_divide_the_weighted_sum_by_weights_blocks_or_tokens():
-    from blockdraft.train.losses import normalized_loss
+    from blockdraft.losses.block import normalized_loss
 
     values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
     weights = torch.tensor([2.0, 1.0, 0.5, 0.0, 0.25])  # row 3 left out (weight 0)
@@ -287,7 +287,7 @@ def test_normalisations_divide_the_weighted_sum_by_weights_blocks_or_tokens():
 
 @pytest.mark.parametrize("transform", [None, lambda x: 30.0 * torch.tanh(x / 30.0)])
 def test_full_distribution_kl_equals_the_direct_one_in_value_and_gradient(transform):
-    from blockdraft.train.losses import chunked_full_kl_rows
+    from blockdraft.losses.block import chunked_full_kl_rows
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(13, 8, generator=g, requires_grad=True)
@@ -311,7 +311,7 @@ def test_full_distribution_kl_equals_the_direct_one_in_value_and_gradient(transf
 
 
 def test_full_distribution_kl_equals_the_top_k_kl_with_k_the_vocabulary():
-    from blockdraft.train.losses import chunked_full_kl_rows, forward_kl_rows, teacher_log_probs
+    from blockdraft.losses.block import chunked_full_kl_rows, forward_kl_rows, teacher_log_probs
 
     g = torch.Generator().manual_seed(1)
     hidden, head = torch.randn(6, 8, generator=g), torch.randn(V, 8, generator=g)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blockdraft.config.recipe import LoopConfig
-from blockdraft.train.losses import slot_weights
+from blockdraft.losses.block import slot_weights
 from blockdraft.train.step import draw_blocks, train_step
 from tests.conftest import MASK_ID, make_draft
 
@@ -267,7 +267,7 @@ def test_soft_labels_from_stored_top_k_equal_the_online_ones(tiny_hf, tiny_targe
 def test_soft_labels_outside_a_reduced_vocabulary_are_dropped_and_renormalised(tiny_hf, tiny_target):
     """A draft whose logits are the target's own, restricted to its vocabulary, has KL 0 against the
     teacher renormalised over that vocabulary (candidates outside it dropped); any other draft has more."""
-    from blockdraft.train.losses import forward_kl_rows, teacher_log_probs
+    from blockdraft.losses.block import forward_kl_rows, teacher_log_probs
 
     g = torch.Generator().manual_seed(0)
     full = torch.randn(3, 10, generator=g)

@@ -2,8 +2,8 @@
 what the step hands them and what they give back, plus the chunked argmax every loss head shares.
 
 kinds/ sits below train/ (train imports the kinds, never the reverse): these types carry the step's settings
-and tensors without importing train, and a kind's loss module imports train's loss maths inside the function
-that uses it.
+and tensors without importing train, and a kind's loss module computes with the loss maths both share
+(blockdraft/losses/).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class BlockLoss:
     block_ids: Tensor
     """[M] the block each row belongs to."""
     normalization: str
-    """The denominator's name (train.losses.normalized_loss's mode)."""
+    """The denominator's name (losses.block.normalized_loss's mode)."""
 
 
 @dataclass

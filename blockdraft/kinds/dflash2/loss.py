@@ -8,14 +8,13 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, SupervisedSlots
+from blockdraft.losses.block import selector_cross_entropy, topk_candidates
 
 
 def candidates(model, hidden, head, logits, chunk: int):
     """Each slot's top-k tokens and their (differentiable) logits: [M, k] each.
 
     Chunked, only k logits per slot are kept: the [chunk, V] block is recomputed in backward."""
-    from blockdraft.train.losses import topk_candidates  # train's maths, imported when a step runs
-
     k = model.config.selector_top_k
     if not chunk:
         return topk_candidates(logits, k)
@@ -31,8 +30,6 @@ def candidates(model, hidden, head, logits, chunk: int):
 
 def selector_loss(model, slots: SupervisedSlots, block: BlockLoss) -> KindLoss:
     """The selector's weighted CE, set aside from the logged `loss` (it has its own sums), and its picks."""
-    from blockdraft.train.losses import selector_cross_entropy  # train's maths, imported when a step runs
-
     cand_ids, cand_logits = candidates(model, block.hidden, block.head, block.logits, slots.chunk)
     scores = model.candidate_selector.score(block.hidden, slots.blocks.predecessors[slots.sup], cand_ids, cand_logits)  # [M, k]
     sel_loss, recall = selector_cross_entropy(scores, cand_ids, slots.labels, block.weights, block.block_ids,

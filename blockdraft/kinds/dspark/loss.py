@@ -1,17 +1,15 @@
-"""DSpark's confidence loss: the confidence head's BCE against each slot's acceptance (train/confidence.py),
+"""DSpark's confidence loss: the confidence head's BCE against each slot's acceptance (losses/confidence.py),
 weighted and normalised as the block loss is (speculators weights it with the same position decay)."""
 
 from __future__ import annotations
 
 from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, SupervisedSlots
+from blockdraft.losses.block import normalized_loss
+from blockdraft.losses.confidence import acceptance_target, confidence_loss
 
 
 def confidence_loss_terms(model, slots: SupervisedSlots, block: BlockLoss) -> KindLoss:
     """The weighted BCE, counted in the logged `loss`, and each slot's predicted acceptance [M]."""
-    # train's maths, imported when a step runs
-    from blockdraft.train.confidence import acceptance_target, confidence_loss
-    from blockdraft.train.losses import normalized_loss
-
     cfg = slots.cfg
     logits = model.confidence_logits(block.hidden)  # [M]
     target = acceptance_target(cfg.confidence_target, block.draft_pred, slots.draft_labels, block.ce, slots.outside)  # [M]

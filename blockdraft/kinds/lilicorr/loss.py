@@ -23,6 +23,7 @@ from torch import Tensor
 
 from blockdraft.kinds.dflash.loss import BlockLoss, KindLoss, SupervisedSlots
 from blockdraft.kinds.lilicorr.decode import walk
+from blockdraft.losses.block import normalized_loss
 
 
 @torch.no_grad()
@@ -53,8 +54,6 @@ def path_loss(scores: Tensor, candidate_ids: Tensor, labels: Tensor, supervised:
               mode: str) -> Tuple[Tensor, Tensor]:
     """scores [R, S, k, k], candidate_ids [R, S, k], labels / supervised / weights [R, S] -> (loss [], the
     number of supervised slots whose target token is a candidate []). Normalised as the block CE (`mode`)."""
-    from blockdraft.train.losses import normalized_loss  # train's maths, imported when a step runs
-
     row, target, used = path_targets(candidate_ids, labels, supervised)
     logits = scores.gather(2, row[..., None, None].expand(-1, -1, 1, scores.shape[-1])).squeeze(2)  # [R, S, k]
     ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="none")  # [R*S]

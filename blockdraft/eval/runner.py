@@ -211,9 +211,9 @@ class Evaluation:
         """A draft the serving vLLM cannot run (DFlash2 on a CPU, Domino anywhere): the reference
         engine, one prompt at a time, with the target alone decoded in the same process as this
         cell's own baseline."""
-        from blockdraft.serve.engine import DecodeStats
+        from blockdraft.engine.decoder import DecodeStats
+        from blockdraft.engine.sampling import SamplingParams
         from blockdraft.serve.reference_check import decode_all, load_engine, spec_metrics
-        from blockdraft.serve.sampling import SamplingParams
 
         plan = self.plans[server][1]
         say(f"{server}: REFERENCE ENGINE (this vLLM cannot run the draft: see its warning above), concurrency 1 only")

@@ -17,7 +17,7 @@ REFERENCES: Dict[str, List[str]] = {
     "jetspec": [f"code: {VLLM_MODELS}qwen3_dflash.py with `is_causal: true` (its per-layer causal attention)",
                 "objective: the JetSpec paper's Eq. 9 (configs/objective/jetspec.yaml); no arXiv id is cited here"],
     "domino": ["paper: arXiv 2605.29707 (Domino), the id the model's code cites",
-               "code: none in vLLM; the project's reference engine (blockdraft/serve/engine.py) serves it"],
+               "code: none in vLLM; the project's reference engine (blockdraft/engine/decoder.py) serves it"],
     "dspark": ["paper: arXiv 2607.05147 (DSpark), the id the model's code cites",
                f"code: {VLLM_MODELS}qwen3_dspark.py (`Qwen3DSparkModel`, `method: dspark`)"],
     "lilicorr": ["paper: arXiv 2608.20530 (LiLiCorr), the id docs/training.md cites",

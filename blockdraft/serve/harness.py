@@ -66,7 +66,7 @@ def run(cfg: ServeConfig) -> dict:
     record.held_out = check_held_out(cfg, prompts)
     try:
         if plan.engine == "reference":
-            say("REFERENCE ENGINE, not vLLM (see the warning above): checking the draft with blockdraft.serve.engine")
+            say("REFERENCE ENGINE, not vLLM (see the warning above): checking the draft with blockdraft.engine")
             from blockdraft.serve.reference_check import run_reference
 
             run_reference(plan, prompts, cfg.max_tokens, cfg.ignore_eos, record)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import List, Optional, Sequence
 
+from blockdraft.engine.decoder import DecodeStats, SpeculativeEngine
+from blockdraft.engine.sampling import SamplingParams
 from blockdraft.models.target import TargetModel
 from blockdraft.serve.client import Completion, SpecMetrics
-from blockdraft.serve.engine import DecodeStats, SpeculativeEngine
-from blockdraft.serve.sampling import SamplingParams
 from blockdraft.serve.preflight import Plan
 from blockdraft.serve.prompts import EncodedPrompt
 from blockdraft.serve.report import Round, RunRecord

@@ -378,7 +378,7 @@ def _interval_words(report: dict, key: str, number: str) -> List[str]:
 
 def _engine_line(report: dict) -> str:
     if report.get("engine") == "reference":
-        return "REFERENCE engine (blockdraft.serve.engine), not vLLM"
+        return "REFERENCE engine (blockdraft.engine), not vLLM"
     runner = report.get("runner")
     return f"vLLM ({runner} model runner)" if runner else "vLLM"
 

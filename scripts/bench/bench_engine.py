@@ -14,11 +14,11 @@ import time
 
 import torch
 
+from blockdraft.engine.decoder import SpeculativeEngine
 from blockdraft.models import build_draft
 from blockdraft.models.resolve import DraftConfig, resolve_draft_config
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
-from blockdraft.serve.engine import SpeculativeEngine
 from publish import stamp
 
 TOKENS = 96

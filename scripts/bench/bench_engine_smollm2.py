@@ -24,9 +24,9 @@ def load(args):
     import torch
     from transformers import AutoTokenizer
 
+    from blockdraft.engine.decoder import SpeculativeEngine
     from blockdraft.export.importer import import_draft
     from blockdraft.models.target import TargetModel
-    from blockdraft.serve.engine import SpeculativeEngine
     from blockdraft.serve.prompts import encode_prompts, load_prompts
 
     draft, cfg = import_draft(args.draft)
@@ -76,7 +76,7 @@ def engine_section(f: dict, args, command: str) -> str:
         ("prompts / tokens generated", f"{f['prompts']} / {f['tokens']}"),
     ]
     table = "| figure | value |\n|---|---|\n" + "".join(f"| {a} | {b} |\n" for a, b in rows)
-    setting = ("The project's reference engine (`blockdraft.serve.engine`, transformers, fp32, batch size 1) with the "
+    setting = ("The project's reference engine (`blockdraft.engine`, transformers, fp32, batch size 1) with the "
                "demo draft, against the same target decoding alone, on the held-out prompts.\n")
     return provenance(command) + "\n" + setting + "\n" + table
 

@@ -40,9 +40,9 @@ def decode_heldout_losslessly(export, num_prompts: int):
 
     from transformers import AutoTokenizer
 
+    from blockdraft.engine.decoder import DecodeStats, SpeculativeEngine
     from blockdraft.export.importer import import_draft
     from blockdraft.models.target import TargetModel
-    from blockdraft.serve.engine import DecodeStats, SpeculativeEngine
 
     target = REPO / ".cache" / "targets" / "tiny-qwen3"
     draft, cfg = import_draft(export)

@@ -5,9 +5,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
+from blockdraft.engine.decoder import SpeculativeEngine
 from blockdraft.models.io import load_draft
 from blockdraft.models.target import TargetModel
-from blockdraft.serve.engine import SpeculativeEngine
 from blockdraft.train.logger import read_metrics
 from tests.integration.conftest import REPO
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from blockdraft.config.recipe import LoopConfig
+from blockdraft.engine.decoder import SpeculativeEngine
 from blockdraft.errors import ConfigError
 from blockdraft.export.contract import ContractError
 from blockdraft.export.importer import import_draft
@@ -16,7 +17,6 @@ from blockdraft.export.writer import export_draft
 from blockdraft.models.resolve import DraftConfig, resolve_draft_config
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve.config import ServeConfig
-from blockdraft.serve.engine import SpeculativeEngine
 from blockdraft.serve.preflight import choose_engine, plan_serving, read_draft
 from blockdraft.train.step import draw_blocks, train_step
 from blockdraft.vllm_runtime.probe import VllmInfo
@@ -184,7 +184,7 @@ def test_export_is_marked_not_vllm_servable_and_preflight_sends_it_to_the_refere
 def test_sampled_decoding_returns_the_distribution_each_slot_was_drawn_from(domino, tiny_target):
     """Rejection sampling needs q_k given the tokens drafted before slot k: teacher forcing on the
     sampled tokens must give back exactly the q the serial decode reported."""
-    from blockdraft.serve.sampling import SamplingParams, draw, probabilities
+    from blockdraft.engine.sampling import SamplingParams, draw, probabilities
 
     hidden, preds = _inputs(domino, n=1)
     params, gen = SamplingParams(temperature=1.0, top_p=0.9), torch.Generator().manual_seed(0)

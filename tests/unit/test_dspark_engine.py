@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from blockdraft.engine.decoder import DecodeStats, DraftContext, SpeculativeEngine
+from blockdraft.engine.sampling import SamplingParams, probabilities
+from blockdraft.engine.target_state import TargetState
 from blockdraft.models.target import TargetModel
-from blockdraft.serve.engine import DecodeStats, DraftContext, SpeculativeEngine
-from blockdraft.serve.sampling import SamplingParams, probabilities
-from blockdraft.serve.target_state import TargetState
 from tests.conftest import make_draft
 from tests.unit.test_engine import _make_predictable, _silence_layers
 from tests.unit.test_engine_sampling import N_DECODES, PROMPT, VOCAB, _chi_square_passes, _tiny

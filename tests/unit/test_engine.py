@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from blockdraft.serve.engine import SpeculativeEngine
-from blockdraft.serve.sampling import SamplingParams
+from blockdraft.engine.decoder import SpeculativeEngine
+from blockdraft.engine.sampling import SamplingParams
 from tests.conftest import make_draft
 
 

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from blockdraft.engine.decoder import SpeculativeEngine
+from blockdraft.engine.sampling import SamplingParams, draw, probabilities
 from blockdraft.models.target import TargetModel
 from blockdraft.models.tiny_target import build_tiny_model
-from blockdraft.serve.engine import SpeculativeEngine
-from blockdraft.serve.sampling import SamplingParams, draw, probabilities
 from tests.conftest import make_draft
 
 VOCAB = 6

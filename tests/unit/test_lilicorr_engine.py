@@ -2,10 +2,10 @@
 
 import torch
 
+from blockdraft.engine.decoder import DraftContext, SpeculativeEngine
+from blockdraft.engine.sampling import SamplingParams
+from blockdraft.engine.target_state import TargetState
 from blockdraft.models.target import TargetModel
-from blockdraft.serve.engine import DraftContext, SpeculativeEngine
-from blockdraft.serve.sampling import SamplingParams
-from blockdraft.serve.target_state import TargetState
 from tests.conftest import make_draft
 from tests.unit.test_engine_sampling import N_DECODES, PROMPT, VOCAB, _chi_square_passes, _exact_pair_distribution, _tiny
 

@@ -21,11 +21,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from blockdraft.engine.sampling import SamplingParams, draw, probabilities
+from blockdraft.engine.target_state import TargetState
 from blockdraft.kinds.dflash.decode import DraftedBlock, Sampler
 from blockdraft.models.layers import per_layer_masks, single_block_mask
 from blockdraft.models.target import TargetModel
-from blockdraft.serve.sampling import SamplingParams, draw, probabilities
-from blockdraft.serve.target_state import TargetState
 
 
 @dataclass

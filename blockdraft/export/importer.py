@@ -218,9 +218,10 @@ def _as_kind(cfg: DraftModelConfig, spec: KindSpec) -> DraftModelConfig:
     hold, whatever this kind's values of keys they share (LiLiCorr's conv_kernel_size is DFlash2's)."""
     other = copy.copy(cfg)
     other.kind = spec.name
-    for f in dataclasses.fields(cfg):
-        if f.name in spec.settings and f.default is not dataclasses.MISSING:
-            setattr(other, f.name, f.default)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)
+                if f.name in spec.settings and f.default is not dataclasses.MISSING}
+    for key, value in spec.resolve_settings(defaults, cfg.hidden_size).items():  # nulls filled as training fills them
+        setattr(other, key, value)
     return other
 
 

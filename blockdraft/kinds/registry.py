@@ -48,14 +48,19 @@ def unregister(name: str) -> None:
     _KINDS.pop(name, None)
 
 
-def kind_names() -> Tuple[str, ...]:
+def _in_order() -> Tuple[KindSpec, ...]:
+    """The built-in kinds in BUILTIN's order (whichever module imported one first), then the registered ones."""
     _load_builtin()
-    return tuple(_KINDS)
+    builtin = tuple(_KINDS[name] for name in BUILTIN if name in _KINDS)
+    return builtin + tuple(spec for name, spec in _KINDS.items() if name not in BUILTIN)
+
+
+def kind_names() -> Tuple[str, ...]:
+    return tuple(spec.name for spec in _in_order())
 
 
 def all_kinds() -> Tuple[KindSpec, ...]:
-    _load_builtin()
-    return tuple(_KINDS.values())
+    return _in_order()
 
 
 def get(name: str) -> KindSpec:
@@ -63,7 +68,7 @@ def get(name: str) -> KindSpec:
     _load_builtin()
     spec = _KINDS.get(name)
     if spec is None:
-        raise ConfigError(f"draft.kind={name!r} is unknown; use one of {list(_KINDS)}.")
+        raise ConfigError(f"draft.kind={name!r} is unknown; use one of {list(kind_names())}.")
     return spec
 
 

@@ -12,6 +12,10 @@ from typing import List, Optional, Tuple
 
 from blockdraft import kinds
 from blockdraft.errors import ConfigError
+from blockdraft.kinds.dflash2.settings import DFlash2Settings
+from blockdraft.kinds.domino.settings import DominoSettings
+from blockdraft.kinds.dspark.settings import DSparkSettings
+from blockdraft.kinds.lilicorr.settings import LiLiCorrSettings
 
 # transformers' and vLLM's names for a layer's attention (`layer_types`).
 SLIDING = "sliding_attention"
@@ -19,7 +23,10 @@ LAYER_TYPES = ("full_attention", SLIDING)
 
 
 @dataclass
-class DraftModelConfig:
+class DraftModelConfig(DFlash2Settings, DominoSettings, DSparkSettings, LiLiCorrSettings):
+    """Every kind's own settings are inherited from the kind's settings class (blockdraft/kinds/<kind>/settings.py),
+    as the user's schema (models/resolve.DraftConfig) inherits them: one default each."""
+
     kind: str
     hidden_size: int
     intermediate_size: int
@@ -49,42 +56,10 @@ class DraftModelConfig:
     """DFlash: the draft's own reduced vocabulary (null = the target's full head)."""
     train_mask_embedding: bool = False
     """The MASK slots' embedding is a trained parameter (exported as mask_embedding.pt)."""
-    # DFlash2 only.
-    conv_kernel_size: int = 2
-    conv_group_size: int = 16
-    selector_rank: int = 64
-    selector_top_k: int = 8
+    # DFlash2's, where the target has them (identity otherwise): resolved from the target, never set by a user.
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: Optional[float] = None
-    # Domino only: the GRU state's width and the rank of the logit correction (kinds/domino/model.py).
-    correction_hidden_size: int = 1024
-    correction_rank: int = 256
-    # DSpark only (kinds/dspark/model.py): the Markov head's rank and type, the confidence head, the block layout.
-    markov_rank: int = 256
-    markov_head_type: str = "vanilla"
-    enable_confidence_head: bool = True
-    confidence_head_with_markov: bool = True
-    sample_from_anchor: bool = True
-    dspark_draft_topk: Optional[int] = None
-    # LiLiCorr only (kinds/lilicorr/model.py): vLLM's `lilicorr_*` dflash_config keys of its candidate-lattice head.
-    # conv_kernel_size / conv_group_size above are its optional in-block convolution (both 0 = none).
-    lilicorr_hidden_size: Optional[int] = None
-    """LiLiCorr: width of the lattice transformer; null = the draft's hidden_size."""
-    lilicorr_candidate_topk: int = 8
-    """LiLiCorr: candidates per drafted slot (a power of two <= 16, as vLLM requires)."""
-    lilicorr_num_heads: int = 4
-    """LiLiCorr: attention heads of the lattice transformer; must divide its width."""
-    lilicorr_mlp_ratio: float = 2.0
-    """LiLiCorr: the lattice MLP's width over the lattice width."""
-    lilicorr_factor_dim: int = 64
-    """LiLiCorr: width of the normalized outgoing/incoming vectors whose dot products score transitions."""
-    lilicorr_vector_eps: float = 1e-6
-    """LiLiCorr: the epsilon of those vectors' normalization."""
-    lilicorr_logit_scale: float = 10.0
-    """LiLiCorr: the scale turning the vectors' cosine (in [-1, 1]) into selector logits."""
-    lilicorr_num_layers: int = 2
-    """LiLiCorr: layers of the lattice transformer."""
     # Token ids the mask token must never alias (pad/eos/bos); checked, not serialised.
     forbidden_mask_ids: List[int] = field(default_factory=list)
 

@@ -10,12 +10,17 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from blockdraft import kinds
+from blockdraft.kinds.dflash2.settings import DFlash2Settings
+from blockdraft.kinds.domino.settings import DominoSettings
+from blockdraft.kinds.dspark.settings import DSparkSettings
+from blockdraft.kinds.lilicorr.settings import LiLiCorrSettings
 from blockdraft.models.draft_config import DraftModelConfig, default_layer_ids
 
 
 @dataclass
-class DraftConfig:
-    """Schema of the `draft` config group."""
+class DraftConfig(DFlash2Settings, DominoSettings, DSparkSettings, LiLiCorrSettings):
+    """Schema of the `draft` config group: the shared settings here, each kind's own inherited from its settings
+    class (blockdraft/kinds/<kind>/settings.py), as the resolved DraftModelConfig inherits them."""
 
     kind: str = "dflash"
     """A registered kind (blockdraft/kinds/): dflash | dflash2 | jetspec | domino | dspark | lilicorr."""
@@ -45,53 +50,12 @@ class DraftConfig:
     """Per draft layer, full_attention or sliding_attention (null = every layer sliding when sliding_window is set)."""
     sliding_causal: bool = False
     """The sliding layers attend causally inside the block, full layers bidirectionally (speculators' default)."""
-    conv_kernel_size: int = 2
-    """DFlash2, LiLiCorr: taps of the in-block convolution (LiLiCorr: 0, with conv_group_size 0, for none)."""
-    conv_group_size: int = 16
-    """DFlash2, LiLiCorr: channels sharing one dynamic coefficient; must divide hidden_size."""
-    selector_rank: int = 64
-    """DFlash2: rank of the pairwise selector codebooks."""
-    selector_top_k: int = 8
-    """DFlash2: candidates per slot the selector chooses among."""
     draft_vocab_size: Optional[int] = None
     """DFlash: a reduced head over the N most frequent reply tokens (null = the target's full head)."""
     train_mask_embedding: bool = False
     """Train the embedding of the MASK slots (vLLM reads it from the export's mask_embedding.pt)."""
     mask_embedding_init: str = "token"
     """token (the target's row for mask_token_id) | mean (the mean of the target's embedding table)."""
-    correction_hidden_size: Optional[int] = None
-    """Domino: width of the GRU state; null = min(hidden_size, 1024) (1024: the published recipe's)."""
-    correction_rank: int = 256
-    """Domino: rank of the low-rank logit correction."""
-    markov_rank: int = 256
-    """DSpark: rank of the Markov head (markov_w1: target vocab x rank, markov_w2: rank x draft vocab)."""
-    markov_head_type: str = "vanilla"
-    """DSpark: the Markov head's form; vLLM 0.32 serves vanilla only (a bias from the previous token alone)."""
-    enable_confidence_head: bool = True
-    """DSpark: train the per-slot acceptance head vLLM's adaptive verification reads."""
-    confidence_head_with_markov: bool = True
-    """DSpark: the confidence head also reads the previous token's Markov embedding (ignored without the head)."""
-    sample_from_anchor: bool = True
-    """DSpark: every slot, the anchor's included, predicts the next token (block_size drafts a round); false =
-    the DFlash layout (block_size - 1 drafts from the MASK slots)."""
-    dspark_draft_topk: Optional[int] = None
-    """DSpark: apply the Markov head to the backbone's k best tokens only (vLLM's dspark_draft_topk); null = all."""
-    lilicorr_hidden_size: Optional[int] = None
-    """LiLiCorr: width of the candidate-lattice transformer; null = the draft's hidden_size."""
-    lilicorr_candidate_topk: int = 8
-    """LiLiCorr: candidates per drafted slot the lattice scores (a power of two <= 16)."""
-    lilicorr_num_heads: int = 4
-    """LiLiCorr: attention heads of the lattice transformer; must divide its width."""
-    lilicorr_mlp_ratio: float = 2.0
-    """LiLiCorr: the lattice MLP's width over the lattice width."""
-    lilicorr_factor_dim: int = 64
-    """LiLiCorr: width of the normalized vectors whose dot products score slot-to-slot transitions."""
-    lilicorr_vector_eps: float = 1e-6
-    """LiLiCorr: epsilon of those vectors' normalization."""
-    lilicorr_logit_scale: float = 10.0
-    """LiLiCorr: scale from the vectors' cosine (in [-1, 1]) to the path walk's logits."""
-    lilicorr_num_layers: int = 2
-    """LiLiCorr: layers of the lattice transformer."""
 
 
 def _rope_theta(target_config) -> float:

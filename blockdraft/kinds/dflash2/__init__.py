@@ -18,8 +18,8 @@ SPEC = register(KindSpec(
     # vLLM 0.32 serves it on its V2 GPU model runner only (config/vllm.py, V1's refusals).
     v2_runner="its candidate selector runs only in V2's DFlash2 speculator; V1 refuses `DFlash candidate-head drafts`",
     draft_vocab_refusal="vLLM's DFlash2 takes its candidate top-k from the target's full head",
-    settings=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "input_embedding_scale",
-              "output_multiplier", "final_logit_softcapping"),
+    # Its settings, and the target's embedding scale and logit transform it carries (resolved, never set).
+    settings=REQUIRED + ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"),
     keyed_alone=(),
     check=check,
     export_keys=export_keys,

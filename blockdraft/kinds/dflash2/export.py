@@ -3,11 +3,14 @@ four required ones without a default; the other three are optional and identity 
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Mapping
 
 from blockdraft.errors import ConfigError
 
-REQUIRED = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+from blockdraft.kinds.dflash2.settings import DFlash2Settings
+
+REQUIRED = tuple(f.name for f in fields(DFlash2Settings))
 
 
 def export_keys(cfg) -> tuple:

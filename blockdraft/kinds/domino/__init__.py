@@ -3,7 +3,7 @@ before it. vLLM has no Domino drafter: the project's reference engine serves it.
 
 from blockdraft.kinds.domino.checks import check
 from blockdraft.kinds.domino.contract import stray_weights_refusal, weight_shapes
-from blockdraft.kinds.domino.export import export_keys, read_keys, resolve_settings
+from blockdraft.kinds.domino.export import DOMINO_KEYS, export_keys, read_keys, resolve_settings
 from blockdraft.kinds.domino.reload import probe_outputs
 from blockdraft.kinds.registry import register
 from blockdraft.kinds.spec import KindSpec
@@ -16,7 +16,7 @@ SPEC = register(KindSpec(
     vllm_method=None,
     reference_only="vLLM has no Domino drafter (its serial GRU correction head has no vLLM implementation)",
     draft_vocab_refusal="the Domino correction spans the target's full vocabulary",
-    settings=("correction_hidden_size", "correction_rank"),
+    settings=DOMINO_KEYS,
     keyed_alone=(),
     check=check,
     export_keys=export_keys,

@@ -3,11 +3,14 @@ export says vLLM cannot serve it (export/reference_only.py), and the reference e
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Mapping
 
 from blockdraft.errors import ConfigError
 
-DOMINO_KEYS = ("correction_hidden_size", "correction_rank")
+from blockdraft.kinds.domino.settings import DominoSettings
+
+DOMINO_KEYS = tuple(f.name for f in fields(DominoSettings))
 
 
 def export_keys(cfg) -> tuple:

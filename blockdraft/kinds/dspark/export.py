@@ -13,14 +13,15 @@ DFlash speculator refuses it there.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Mapping
 
 from blockdraft.errors import ConfigError
+from blockdraft.kinds.dspark.settings import DSparkSettings
 
 # The settings that shape a DSpark draft beyond its DFlash backbone (its weights and its block layout).
-DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-                    "sample_from_anchor")
-DSPARK_SETTINGS = DSPARK_HEAD_KEYS + ("dspark_draft_topk",)
+DSPARK_SETTINGS = tuple(f.name for f in fields(DSparkSettings))
+DSPARK_HEAD_KEYS = tuple(key for key in DSPARK_SETTINGS if key != "dspark_draft_topk")  # written whatever their value
 
 # The speculators converter's default when its config has no sample_from_anchor, unlike vLLM's own (true).
 SPECULATORS_SAMPLE_FROM_ANCHOR_DEFAULT = False

@@ -9,13 +9,14 @@ The speculator reads `lilicorr_candidate_topk` as the walk's k. The user still s
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Mapping
 
 from blockdraft.errors import ConfigError
+from blockdraft.kinds.lilicorr.settings import LiLiCorrSettings
 
 # LiLiCorr's head settings: vLLM's dflash_config keys of the same names (lilicorr_enabled aside).
-LILICORR_KEYS = ("lilicorr_hidden_size", "lilicorr_candidate_topk", "lilicorr_num_heads", "lilicorr_mlp_ratio",
-                 "lilicorr_factor_dim", "lilicorr_vector_eps", "lilicorr_logit_scale", "lilicorr_num_layers")
+LILICORR_KEYS = tuple(f.name for f in fields(LiLiCorrSettings))
 INT_KEYS = ("lilicorr_candidate_topk", "lilicorr_num_heads", "lilicorr_factor_dim", "lilicorr_num_layers")
 
 

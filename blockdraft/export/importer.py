@@ -180,8 +180,7 @@ def check_kind_consistency(state: Dict[str, torch.Tensor], cfg: DraftModelConfig
     own = {_any_layer(name) for name in expected_shapes(cfg)}
     other, theirs = _likeliest_owner([name for name in sorted(state) if _any_layer(name) not in own], cfg)
     if other is not None:
-        text = (other.stray_weights_refusal(spec, _some(theirs)) if other.stray_weights_refusal
-                else _stray_weights_refusal(spec, other, _as_kind(cfg, other), _some(theirs)))
+        text = _stray_weights_refusal(spec, other, _as_kind(cfg, other), _some(theirs))
         raise ContractError(f"{where} {text}")
     missing = sorted(name for name in spec.weight_shapes(cfg) if name not in state)
     if missing:

@@ -11,7 +11,7 @@ its checks and its export mapping, and registers one `KindSpec` (docs/adding-a-k
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Tuple
 
 Shape = Tuple[int, ...]
@@ -91,16 +91,11 @@ class KindSpec:
     The importer refuses them under another kind's config, and a file of this kind that lacks one."""
     weights_label: str = "head"
     """How messages name those tensors ("conv/selector")."""
-    stray_weights_refusal: Optional[Callable] = None
-    """(the declared kind's entry, its tensors listed) -> the refusal of its tensors found under another kind's
-    config, where its wording is its own; None: the importer's generic one."""
     probe_outputs: Callable = _none
     """(draft, the reload check's Probe, the probe's hidden states [1, 2B, H]) -> its outputs beyond the logits,
     each [1, 2B, *], which the reload check compares too: its heads, which the logits never touch."""
     serving_warnings: Callable = _none
     """(VllmInfo, DraftFacts) -> lines to warn of when serving it with that vLLM."""
-    extra: Mapping = field(default_factory=dict)
-    """Anything a kind's own code needs to keep beside its entry."""
 
     def keyed_alone_settings(self) -> Tuple[str, ...]:
         if self.keyed_alone is not None:

@@ -161,7 +161,7 @@ def test_export_is_marked_not_vllm_servable_and_preflight_sends_it_to_the_refere
     # Declared as DFlash, the head would be silently dropped: refused, naming it.
     written = (out / "config.json").read_text()
     (out / "config.json").write_text(json.dumps({**config, "architectures": ["DFlashDraftModel"]}))
-    with pytest.raises(ContractError, match="declares a dflash draft, but the weights carry Domino correction tensors"):
+    with pytest.raises(ContractError, match="declares a DFlash draft, but the weights carry Domino correction tensors"):
         import_draft(out)
     (out / "config.json").write_text(written)
 

@@ -2,7 +2,7 @@
 before it. vLLM has no Domino drafter: the project's reference engine serves it."""
 
 from blockdraft.kinds.domino.checks import check
-from blockdraft.kinds.domino.contract import stray_weights_refusal, weight_shapes
+from blockdraft.kinds.domino.contract import weight_shapes
 from blockdraft.kinds.domino.export import DOMINO_KEYS, export_keys, read_keys, resolve_settings
 from blockdraft.kinds.domino.reload import probe_outputs
 from blockdraft.kinds.registry import register
@@ -24,6 +24,5 @@ SPEC = register(KindSpec(
     resolve_settings=resolve_settings,
     weight_shapes=weight_shapes,
     weights_label="correction",
-    stray_weights_refusal=stray_weights_refusal,
     probe_outputs=probe_outputs,
 ))

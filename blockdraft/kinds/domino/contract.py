@@ -19,14 +19,3 @@ def weight_shapes(cfg) -> Dict[str, Shape]:
         "correction.down.weight": (r, h + s),
         "correction.up.weight": (cfg.vocab_size, r),
     }
-
-
-def stray_weights_refusal(declared, listed: str) -> str:
-    """Its correction tensors under another kind's config. This refusal names the declared kind by its
-    `draft.kind`, as it did before the importer's generic one (which names it by its title); those who match
-    its words keep them."""
-    return (
-        f"declares a {declared.name} draft, but the weights carry Domino correction tensors: {listed}. Loading it "
-        f"as {declared.name} would silently drop them. If it is a Domino draft, set architectures to "
-        '["DominoDraftModel"] and add dflash_config.correction_hidden_size and correction_rank.'
-    )

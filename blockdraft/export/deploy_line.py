@@ -70,8 +70,8 @@ def vllm_method(kind: str) -> str:
 def drafted_tokens_note(cfg: DraftModelConfig) -> str:
     """How num_speculative_tokens follows from the block, in the draft's layout."""
     if cfg.anchor_predicts:
-        return f"num_speculative_tokens = block_size = {cfg.block_size} (every slot, the anchor's included, predicts)"
-    return f"num_speculative_tokens = block_size - 1 = {cfg.block_size - 1}"
+        return f"num_speculative_tokens = block_size = {cfg.num_speculative_tokens} (every slot, the anchor's included, predicts)"
+    return f"num_speculative_tokens = block_size - 1 = {cfg.num_speculative_tokens}"
 
 
 def deploy_line(cfg: DraftModelConfig, draft_dir: str | Path, target: Optional[str], mask_embedding: bool) -> DeployLine:

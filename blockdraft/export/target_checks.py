@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from blockdraft.errors import ConfigError
-from blockdraft.models.draft_config import DraftModelConfig
+from blockdraft.models.draft_config import DraftModelConfig, layers_outside
 from blockdraft.models.target_families import num_layers_in
 
 SPECIAL_ROLES = ("pad", "eos", "bos")
@@ -82,7 +82,7 @@ def _layer_problem(cfg: DraftModelConfig, config: dict, target_dir: Path) -> Opt
     layers = num_layers_in(config)
     if layers is None:
         return None
-    bad = [i for i in cfg.target_layer_ids if not 0 <= i <= layers - 2]
+    bad = layers_outside(cfg.target_layer_ids, layers)
     if not bad:
         return None
     return (

@@ -117,6 +117,10 @@ class KindSpec:
         return bool(value)
 
     def drafted_per_round(self, block_size: int, settings: Mapping) -> int:
-        """The tokens one round drafts: every slot when the anchor predicts (N query slots, N drafts), else the
-        MASK slots only (1 + N query slots)."""
-        return int(block_size) if self.anchor_predicts(settings) else int(block_size) - 1
+        return drafted_per_round(block_size, self.anchor_predicts(settings))
+
+
+def drafted_per_round(block_size: int, anchor_predicts: bool) -> int:
+    """The tokens one round drafts: every slot when the anchor predicts (N query slots, N drafts), else the MASK
+    slots only (1 + N query slots)."""
+    return int(block_size) if anchor_predicts else int(block_size) - 1

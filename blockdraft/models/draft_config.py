@@ -184,7 +184,7 @@ def check_layer_ids(ids, num_target_layers: int) -> None:
     if ids != sorted(ids):
         raise ConfigError(f"{key}={ids} is not sorted; use {sorted(ids)}.")
     hi = num_target_layers - 2
-    bad = [i for i in ids if not 0 <= i <= hi]
+    bad = layers_outside(ids, num_target_layers)
     if bad:
         raise ConfigError(
             f"{key}={ids} has {bad} outside [0, {hi}] for a target with {num_target_layers} layers "
@@ -206,6 +206,13 @@ def check_mask_token(mask_token_id, vocab_size: int, forbidden: List[int]) -> No
             f"{key}={mask_token_id} is the target's pad/eos/bos token; the mask would alias it and "
             "quietly erode acceptance. Pick another reserved token."
         )
+
+
+def layers_outside(ids, num_target_layers: int) -> List[int]:
+    """The ids a draft may not read from a target of `num_target_layers` layers: the rule training, export and
+    serving check alike. Layer L-1 is out: HF's last hidden state is taken after the final norm, and vLLM captures
+    aux layer i+1 as the residual entering that layer."""
+    return [i for i in ids if not 0 <= i <= num_target_layers - 2]
 
 
 def default_layer_ids(num_target_layers: int, n: int) -> List[int]:

@@ -18,9 +18,11 @@ from blockdraft.export.causality import kind_with_causality
 from blockdraft.export.reference_only import vllm_servable
 from blockdraft.export.writer import EXPORT_INFO
 from blockdraft.integrity import verify_checksums
+from blockdraft.models.draft_config import layers_outside
 from blockdraft.models.target_families import num_layers_in
 from blockdraft.serve.config import ServeConfig
 from blockdraft.kinds.registry import architectures
+from blockdraft.kinds.spec import drafted_per_round
 from blockdraft.serve.draft_aliases import alias_problem
 from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
 
@@ -51,7 +53,7 @@ class DraftFacts:
         """The drafted tokens per round the draft was trained for (None without a block size)."""
         if self.block_size is None:
             return None
-        return self.block_size if self.anchor_predicts else self.block_size - 1
+        return drafted_per_round(self.block_size, self.anchor_predicts)
 
     @property
     def trained_tokens_label(self) -> str:
@@ -197,7 +199,7 @@ def check_against_target(draft: DraftFacts, target: TargetFacts) -> None:
             f"[0, {target.vocab_size}); the draft was trained for another target."
         )
     ids, hi = draft.target_layer_ids, target.num_layers - 2
-    if ids != sorted(set(ids)) or not all(0 <= i <= hi for i in ids):
+    if ids != sorted(set(ids)) or layers_outside(ids, target.num_layers):
         raise ConfigError(
             f"{where}: dflash_config.target_layer_ids={ids} must be sorted, unique and within [0, {hi}] "
             f"for this {target.num_layers}-layer target; the draft was trained for another target."

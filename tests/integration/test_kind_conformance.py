@@ -18,11 +18,12 @@ from blockdraft.export.importer import import_draft
 from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.models.io import load_draft_config
 from blockdraft.models.target import TargetModel
-from blockdraft.serve.engine import SpeculativeEngine
-from blockdraft.serve.sampling import SamplingParams
+from blockdraft.engine.decoder import SpeculativeEngine
+from blockdraft.engine.sampling import SamplingParams
 from tests.conftest import make_draft
 from tests.integration import toy_kind
 from tests.integration.conftest import REPO, decode_heldout_losslessly, export_here, train_tiny
+from tests.integration.test_vllm_weight_load import SERVE_PYTHON, check_weights
 from tests.unit.test_engine_sampling import N_DECODES, PROMPT, VOCAB, _chi_square_passes, _exact_pair_distribution, _tiny
 
 toy_kind.register_toy()
@@ -75,6 +76,18 @@ def test_its_deploy_line_is_the_one_its_entry_says(trained):
         return
     assert f'"method": "{spec.vllm_method}"' in line.command
     assert line.command.startswith("VLLM_USE_V2_MODEL_RUNNER=1 ") == bool(spec.v2_runner)
+
+
+@pytest.mark.serve
+@pytest.mark.skipif(not SERVE_PYTHON.is_file(), reason=f"no serving env at {SERVE_PYTHON}; run `make setup-serve`")
+def test_vllm_loads_every_weight_where_it_serves_the_kind_here(trained):
+    kind, _, export = trained
+    spec = kinds.get(kind)
+    if not spec.vllm_method or spec.v2_runner:
+        pytest.skip(f"{kind}: {spec.reference_only or 'vLLM serves it on its V2 GPU runner only'}")
+    proc = check_weights(export)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "0 missing, 0 unexpected" in proc.stdout
 
 
 def test_the_reference_engine_decodes_with_it_losslessly(trained):

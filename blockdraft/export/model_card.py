@@ -92,9 +92,8 @@ def target_license(target_dir: Path) -> Optional[str]:
 
 
 def kind_title(cfg: DraftModelConfig) -> str:
-    return {"dflash": "DFlash", "dflash2": "DFlash2", "jetspec": "JetSpec (causal DFlash)",
-            "domino": "Domino (DFlash + GRU correction)", "dspark": "DSpark (DFlash + Markov and confidence heads)",
-            "lilicorr": "LiLiCorr (DFlash + candidate-lattice head)"}.get(cfg.kind, cfg.kind)
+    spec = kinds.get(cfg.kind)
+    return spec.card_title or spec.title
 
 
 def _metric_lines(source: CheckpointSource) -> list:

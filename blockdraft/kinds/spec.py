@@ -64,6 +64,11 @@ class KindSpec:
     """vLLM refuses num_speculative_tokens >= block_size for it (LiLiCorr's lattice has block_size - 1 slots)."""
     draft_vocab_refusal: Optional[str] = None
     """Why a reduced draft vocabulary cannot be served for it, or None where it can."""
+    card_title: Optional[str] = None
+    """The export's model card's heading for it ("DSpark (DFlash + Markov and confidence heads)"); None: title."""
+    references: Tuple[str, ...] = ()
+    """What it follows: the paper where one is cited, the code it is built to match (the model card's References,
+    and docs/training.md's, which a test keeps in step). An arXiv id only where the model's own code cites it."""
     settings: Tuple[str, ...] = ()
     """Its own `draft.*` keys beyond the shared ones (the keys a resolved config carries for it)."""
     keyed_alone: Optional[Tuple[str, ...]] = None
@@ -118,6 +123,10 @@ class KindSpec:
 
     def drafted_per_round(self, block_size: int, settings: Mapping) -> int:
         return drafted_per_round(block_size, self.anchor_predicts(settings))
+
+
+# Where vLLM's module for a kind lives, as the references quote it.
+VLLM_MODELS = "vLLM 0.32, vllm/model_executor/models/"
 
 
 def drafted_per_round(block_size: int, anchor_predicts: bool) -> int:

@@ -7,13 +7,14 @@ from blockdraft.kinds.dflash2.export import REQUIRED, export_keys, read_keys
 from blockdraft.kinds.dflash2.reload import probe_outputs
 from blockdraft.kinds.dflash2.serving import anchor_clamp_warning
 from blockdraft.kinds.registry import register
-from blockdraft.kinds.spec import KindSpec
+from blockdraft.kinds.spec import VLLM_MODELS, KindSpec
 
 SPEC = register(KindSpec(
     name="dflash2",
     title="DFlash2",
     model="blockdraft.kinds.dflash2.model:DFlash2DraftModel",
     architecture="DFlash2DraftModel",
+    references=(f"code: {VLLM_MODELS}qwen3_dflash2.py (`DFlash2DraftModel`), which extends qwen3_dflash.py as this draft does",),
     reads=("Qwen3DFlash2DraftModel",),
     # vLLM 0.32 serves it on its V2 GPU model runner only (config/vllm.py, V1's refusals).
     v2_runner="its candidate selector runs only in V2's DFlash2 speculator; V1 refuses `DFlash candidate-head drafts`",

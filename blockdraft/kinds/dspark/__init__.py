@@ -6,13 +6,16 @@ from blockdraft.kinds.dspark.contract import weight_shapes
 from blockdraft.kinds.dspark.export import DSPARK_SETTINGS, dspark_backbone_keys, export_keys, read_keys, resolve_settings
 from blockdraft.kinds.dspark.reload import probe_outputs
 from blockdraft.kinds.registry import register
-from blockdraft.kinds.spec import KindSpec
+from blockdraft.kinds.spec import VLLM_MODELS, KindSpec
 
 SPEC = register(KindSpec(
     name="dspark",
     title="DSpark",
     model="blockdraft.kinds.dspark.model:DSparkDraftModel",
     architecture="Qwen3DSparkModel",
+    card_title="DSpark (DFlash + Markov and confidence heads)",
+    references=("paper: arXiv 2607.05147 (DSpark), the id the model's code cites",
+                f"code: {VLLM_MODELS}qwen3_dspark.py (`Qwen3DSparkModel`, `method: dspark`)"),
     reads=("Qwen3DSparkDraftModel",),
     vllm_method="dspark",
     # vLLM 0.32 serves it on its V2 GPU model runner only (config/vllm.py, V1's refusals).

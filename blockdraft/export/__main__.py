@@ -20,13 +20,13 @@ from omegaconf import OmegaConf
 from blockdraft import faults
 from blockdraft.config import CONFIG_DIR, register_schema
 from blockdraft.config.app_help import AppHelp, exit_if_help_asked
+from blockdraft.draft_format.contract import ContractError
+from blockdraft.draft_format.importer import read_config
+from blockdraft.draft_format.speculators import is_speculators_config, verifier_path
 from blockdraft.errors import ConfigError, DataError
 from blockdraft.export.config import ExportConfig
-from blockdraft.export.contract import ContractError
 from blockdraft.export.inspect import describe
 from blockdraft.export.source import resolve_checkpoint
-from blockdraft.export.importer import read_config
-from blockdraft.export.speculators_format import is_speculators_config, verifier_path
 from blockdraft.export.speculators_serving import vllm_reading_notes
 from blockdraft.export.writer import ExportCheckError, export_draft, is_other_stacks_draft
 from blockdraft.out_lock import beside, hold_out_lock

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from blockdraft import kinds
+from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
+from blockdraft.draft_format.importer import CONFIG_NAME, read_config, with_mask_embedding
+from blockdraft.draft_format.mask_embedding import MASK_EMBEDDING_FILE
 from blockdraft.export.export_info import read_export_info
-from blockdraft.export.importer import CONFIG_NAME, read_config, with_mask_embedding
-from blockdraft.export.mask_embedding import MASK_EMBEDDING_FILE
-from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
 
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"

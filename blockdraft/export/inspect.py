@@ -6,17 +6,17 @@ from pathlib import Path
 from typing import Tuple
 
 from blockdraft import kinds
+from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
+from blockdraft.draft_format.contract import contract_problems
+from blockdraft.draft_format.importer import CONFIG_NAME, read_config, tensor_headers, weight_files, with_mask_embedding
+from blockdraft.draft_format.speculators import draft_tensors as speculators_draft_tensors
+from blockdraft.draft_format.speculators import READ_TYPES, is_speculators_config, speculators_kind
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import contract_problems
 from blockdraft.export.deploy_line import deploy_line, export_deploy_line
-from blockdraft.export.importer import CONFIG_NAME, read_config, tensor_headers, weight_files, with_mask_embedding
 from blockdraft.export.model_card import shape_line
 from blockdraft.export.reference_only import SERVING_NOTE_KEY, vllm_servable
 from blockdraft.export.source import resolve_checkpoint
-from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
-from blockdraft.export.speculators_format import READ_TYPES, is_speculators_config, speculators_kind
 from blockdraft.export.speculators_serving import vllm_reading_notes
-from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import load_draft_config
 

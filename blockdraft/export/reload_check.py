@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from blockdraft import kinds
-from blockdraft.export.importer import import_draft
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.models.draft_config import DraftModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,5 +1,5 @@
 """Where vLLM 0.32, handed a speculators checkpoint's own config.json, would serve the draft otherwise
-than speculators trained it. The export written here serves it as trained (speculators_format.py).
+than speculators trained it. The export written here serves it as trained (draft_format/speculators.py).
 
 vLLM's converter (transformers_utils/configs/speculators/algos.py) sets, for a DFlash or DFlash2
 checkpoint, `dflash_config.causal = not sliding_window_non_causal` (true when the key is absent), and
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import List, Mapping
 
-from blockdraft.export.speculators_format import speculators_kind, trained_causality, trained_layer_types
+from blockdraft.draft_format.speculators import speculators_kind, trained_causality, trained_layer_types
 from blockdraft.models.draft_config import SLIDING
 
 

@@ -18,22 +18,23 @@ from typing import Dict, List, Optional
 import torch
 from safetensors.torch import save_file
 
-from blockdraft.disk_full import disk_full, is_disk_full
 from blockdraft import faults
 from blockdraft.build_info import build_info
+from blockdraft.disk_full import disk_full, is_disk_full
+from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
+from blockdraft.draft_format.contract import ContractError, check_state_dict
+from blockdraft.draft_format.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, import_draft, read_config, tensor_headers
+from blockdraft.draft_format.mask_embedding import STATE_NAME, write_mask_embedding
 from blockdraft.durable import fsync_dir, fsync_tree
 from blockdraft.errors import ConfigError
-from blockdraft.integrity import write_checksums
 from blockdraft.export.export_info import EXPORT_INFO
-from blockdraft.export.contract import ContractError, check_state_dict
-from blockdraft.export.importer import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, import_draft, read_config, tensor_headers
-from blockdraft.export.mask_embedding import STATE_NAME, write_mask_embedding
 from blockdraft.export.model_card import model_card
 from blockdraft.export.reload_check import DTYPES, ReloadResult, reload_check
 from blockdraft.export.source import CheckpointSource, resolve_checkpoint
 from blockdraft.export.target_checks import check_against_target, target_text_config
 from blockdraft.export.training_prompts import copy_record
-from blockdraft.export.vllm_config import draft_config_from_vllm_config, fields_not_written, vllm_config
+from blockdraft.export.vllm_config import fields_not_written, vllm_config
+from blockdraft.integrity import write_checksums
 from blockdraft.models.draft_config import DraftModelConfig
 from blockdraft.models.io import DRAFT_CONFIG_NAME, draft_state_dict, load_draft, load_draft_config
 

@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from blockdraft import kinds
+from blockdraft.draft_format.causality import kind_with_causality
 from blockdraft.errors import ConfigError
-from blockdraft.export.causality import kind_with_causality
 from blockdraft.export.reference_only import vllm_servable
 from blockdraft.export.writer import EXPORT_INFO
 from blockdraft.integrity import verify_checksums
+from blockdraft.kinds.registry import architectures
+from blockdraft.kinds.spec import drafted_per_round
 from blockdraft.models.draft_config import layers_outside
 from blockdraft.models.target_families import num_layers_in
 from blockdraft.serve.config import ServeConfig
-from blockdraft.kinds.registry import architectures
-from blockdraft.kinds.spec import drafted_per_round
 from blockdraft.serve.draft_aliases import alias_problem
 from blockdraft.vllm_runtime.probe import VllmInfo, probe_vllm
 
@@ -229,7 +229,7 @@ def check_fc_weight(draft: DraftFacts, target: TargetFacts, in_features: Optiona
 
 def fc_in_features(directory: Path) -> Optional[int]:
     """fc.weight's input width from the safetensors headers (nothing is loaded); None if absent."""
-    from blockdraft.export.importer import canonical_name, tensor_headers
+    from blockdraft.draft_format.importer import canonical_name, tensor_headers
 
     for name, (shape, _dtype) in tensor_headers(directory).items():
         if canonical_name(name) == "fc.weight" and len(shape) == 2:

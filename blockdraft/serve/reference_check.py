@@ -25,7 +25,7 @@ DEVICE = "cpu"
 
 
 def load_engine(plan: Plan, ignore_eos: bool) -> SpeculativeEngine:
-    from blockdraft.export.importer import import_draft
+    from blockdraft.draft_format.importer import import_draft
 
     draft, draft_config = import_draft(plan.draft.directory)
     target = TargetModel.load(str(plan.target.directory), draft_config.target_layer_ids, device=DEVICE)

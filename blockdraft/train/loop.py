@@ -193,7 +193,7 @@ class Trainer:
 
     def _initial_draft(self, hf_model):
         if self.cfg.init_from:
-            from blockdraft.export.importer import import_draft
+            from blockdraft.draft_format.importer import import_draft
 
             draft, imported_cfg = import_draft(self.cfg.init_from)
             ckpt.check_same_identity(imported_cfg, self.draft_cfg, f"init_from={self.cfg.init_from}")

@@ -24,8 +24,8 @@ def load(args):
     import torch
     from transformers import AutoTokenizer
 
+    from blockdraft.draft_format.importer import import_draft
     from blockdraft.engine.decoder import SpeculativeEngine
-    from blockdraft.export.importer import import_draft
     from blockdraft.models.target import TargetModel
     from blockdraft.serve.prompts import encode_prompts, load_prompts
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from blockdraft.export.importer import import_draft
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.integrity import verify_checksums
 from blockdraft.train.checkpoint import complete_checkpoints
 from blockdraft.train.logger import read_metrics

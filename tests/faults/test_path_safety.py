@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.errors import ConfigError, DataError
-from blockdraft.export.importer import import_draft
 from blockdraft.export.writer import export_draft
 from blockdraft.vllm_runtime.server import VllmServer
 from tests.fake_vllm import write_fake_python

@@ -40,8 +40,8 @@ def decode_heldout_losslessly(export, num_prompts: int):
 
     from transformers import AutoTokenizer
 
+    from blockdraft.draft_format.importer import import_draft
     from blockdraft.engine.decoder import DecodeStats, SpeculativeEngine
-    from blockdraft.export.importer import import_draft
     from blockdraft.models.target import TargetModel
 
     target = REPO / ".cache" / "targets" / "tiny-qwen3"

@@ -45,7 +45,7 @@ def test_a_run_starts_from_a_speculators_dflash_checkpoint_with_mixed_layers_and
     --full-attention-indices): the run trains with each layer's own mask, and its export keeps both."""
     import json
 
-    from blockdraft.export.causality import vllm_layer_causality
+    from blockdraft.draft_format.causality import vllm_layer_causality
     from tests.integration.conftest import REPO
     from tests.unit.export_helpers import make_draft
     from tests.unit.test_speculators_import import speculators_dir

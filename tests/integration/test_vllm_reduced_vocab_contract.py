@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from blockdraft.export.importer import import_draft
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.export.writer import export_draft
 from blockdraft.models.io import save_draft
 from tests.unit.export_helpers import make_run

@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from blockdraft.draft_format.causality import vllm_layer_causality
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.export.__main__ import speculators_source_lines
-from blockdraft.export.causality import vllm_layer_causality
-from blockdraft.export.importer import import_draft
 from blockdraft.export.inspect import describe
 from blockdraft.export.writer import export_draft
 from blockdraft.models.layers import per_layer_masks

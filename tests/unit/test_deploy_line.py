@@ -12,8 +12,8 @@ from contextlib import redirect_stdout
 import pytest
 import torch
 
+from blockdraft.draft_format.mask_embedding import MASK_EMBEDDING_FILE, write_mask_embedding
 from blockdraft.export.deploy_line import V2_RUNNER_ENV, deploy_line, export_deploy_line
-from blockdraft.export.mask_embedding import MASK_EMBEDDING_FILE, write_mask_embedding
 from blockdraft.export.vllm_config import vllm_config
 from tests.unit.export_helpers import draft_config
 

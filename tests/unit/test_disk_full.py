@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from blockdraft.disk_full import DiskFull
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.export import writer
-from blockdraft.export.importer import import_draft
 from blockdraft.regen import shards
 from blockdraft.train import checkpoint as ckpt
 from tests.unit.export_helpers import make_draft, make_run

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from blockdraft.config.recipe import LoopConfig
+from blockdraft.draft_format.contract import ContractError
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.engine.decoder import SpeculativeEngine
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import ContractError
-from blockdraft.export.importer import import_draft
 from blockdraft.export.reload_check import make_probe, run_probe
 from blockdraft.export.writer import export_draft
 from blockdraft.models.resolve import DraftConfig, resolve_draft_config

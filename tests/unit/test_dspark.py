@@ -99,7 +99,8 @@ def test_without_the_confidence_head_it_reads_no_markov_input(tiny_hf):
 def test_a_dspark_config_without_dflash_config_reads_as_vllm_reads_it():
     """DSpark's own configs keep the backbone's keys at the top level (dspark_* or plain names), which
     vLLM reads when there is no dflash_config; the importer reads them the same way."""
-    from blockdraft.export.vllm_config import draft_config_from_vllm_config, vllm_config
+    from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
+    from blockdraft.export.vllm_config import vllm_config
     from tests.unit.export_helpers import draft_config
 
     written = vllm_config(draft_config("dspark", markov_rank=8))

@@ -4,10 +4,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
+from blockdraft.draft_format.contract import ContractError, check_state_dict, expected_shapes
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes
-from blockdraft.export.importer import import_draft
-from blockdraft.export.vllm_config import draft_config_from_vllm_config, vllm_config
+from blockdraft.export.vllm_config import vllm_config
 from blockdraft.export.writer import export_draft
 from blockdraft.models.io import save_draft
 from tests.unit.export_helpers import make_draft, make_run

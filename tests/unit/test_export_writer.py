@@ -8,14 +8,14 @@ import torch
 
 import blockdraft
 
+from blockdraft.draft_format.contract import expected_shapes
+from blockdraft.draft_format.importer import INDEX_NAME, import_draft, tensor_headers
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import expected_shapes
-from blockdraft.export.importer import INDEX_NAME, import_draft, tensor_headers
 from blockdraft.export.inspect import describe
 from blockdraft.export.reload_check import make_probe, rounded_copy, run_probe
 from blockdraft.export.writer import ExportCheckError, export_draft
-from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.models.io import save_draft
+from blockdraft.models.tiny_target import save_tiny_target
 from tests.unit.export_helpers import TINY_VOCAB, make_run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from blockdraft.draft_format.importer import INDEX_NAME, weight_files
 from blockdraft.errors import ConfigError
-from blockdraft.export.importer import INDEX_NAME, weight_files
 
 
 @pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/../../outside.safetensors"])

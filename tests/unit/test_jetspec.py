@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from blockdraft.config import compose, register_schema
+from blockdraft.draft_format.causality import kind_and_sliding_causal, vllm_layer_causality
+from blockdraft.draft_format.importer import import_draft
 from blockdraft.errors import ConfigError
-from blockdraft.export.causality import kind_and_sliding_causal, vllm_layer_causality
-from blockdraft.export.importer import import_draft
 from blockdraft.export.reload_check import make_probe, run_probe
 from blockdraft.export.writer import export_draft
 from blockdraft.serve.preflight import read_draft

@@ -6,13 +6,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from blockdraft.draft_format.contract import expected_shapes
+from blockdraft.draft_format.importer import import_draft, tensor_headers
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import expected_shapes
-from blockdraft.export.importer import import_draft, tensor_headers
 from blockdraft.export.writer import export_draft
 from blockdraft.kinds.lilicorr.export import LILICORR_KEYS
-from blockdraft.models.io import save_draft
 from blockdraft.models import build_draft
+from blockdraft.models.io import save_draft
 from tests.unit.export_helpers import draft_config, make_run
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from blockdraft.draft_format.importer import import_draft
+from blockdraft.draft_format.mask_embedding import MASK_EMBEDDING_FILE, write_mask_embedding
 from blockdraft.errors import ConfigError
-from blockdraft.export.importer import import_draft
-from blockdraft.export.mask_embedding import MASK_EMBEDDING_FILE, write_mask_embedding
 from blockdraft.export.writer import export_draft
 from blockdraft.models.io import save_draft
 from tests.unit.export_helpers import MASK_ID, TINY_VOCAB, make_draft, make_run

@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen3Config
 
+from blockdraft.draft_format.causality import vllm_layer_causality
+from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
+from blockdraft.draft_format.importer import import_draft
+from blockdraft.draft_format.speculators import vllm_style_config
 from blockdraft.errors import ConfigError
-from blockdraft.export.importer import import_draft
 from blockdraft.export.inspect import describe
-from blockdraft.export.causality import vllm_layer_causality
-from blockdraft.export.speculators_format import vllm_style_config
 from blockdraft.export.speculators_serving import vllm_reading_notes
-from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from tests.unit.export_helpers import make_draft
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ Attention, as speculators trains it (models/dflash/attention.py): a `sliding_att
 the context within its window and its own block, causally inside the block unless
 `sliding_window_non_causal`; a full layer sees the whole context and its whole block. The vLLM-style
 config says the same thing in vLLM's terms (`layer_types`, and `is_causal` only when every layer
-agrees), so the export written from it serves as trained; `speculators_serving.py` says where
+agrees), so the export written from it serves as trained; `export/speculators_serving.py` says where
 vLLM's own reading of the speculators config would not.
 
 Keys absent from the config are read as vLLM serves them: `sample_from_anchor` false (its

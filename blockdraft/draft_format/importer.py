@@ -4,7 +4,7 @@ Only two renames are applied, both known spellings of the same tensor: a leading
 `model.` (some stacks save the wrapped module) and a `.weight` suffix on the selector
 codebooks. Anything else must already carry vLLM's name, or it is refused by name:
 a weight dropped here would be a weight silently missing in serving. The one exception is a
-speculators checkpoint (export/speculators_format.py), whose copies of the verifier's embedding
+speculators checkpoint (speculators.py), whose copies of the verifier's embedding
 and head, and whose t2d, are not the draft's and are dropped by name.
 """
 
@@ -21,12 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 from blockdraft import kinds
+from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
+from blockdraft.draft_format.contract import ContractError, check_state_dict, expected_shapes
+from blockdraft.draft_format.mask_embedding import STATE_NAME, check_mask_token, read_mask_embedding
+from blockdraft.draft_format.speculators import draft_tensors as speculators_draft_tensors
+from blockdraft.draft_format.speculators import is_speculators_config
 from blockdraft.errors import ConfigError
-from blockdraft.export.contract import ContractError, check_state_dict, expected_shapes
-from blockdraft.export.mask_embedding import STATE_NAME, check_mask_token, read_mask_embedding
-from blockdraft.export.speculators_format import draft_tensors as speculators_draft_tensors
-from blockdraft.export.speculators_format import is_speculators_config
-from blockdraft.export.vllm_config import draft_config_from_vllm_config
 from blockdraft.integrity import verify_checksums
 from blockdraft.kinds.spec import KindSpec
 from blockdraft.models import build_draft

@@ -14,8 +14,8 @@ import torch
 
 from blockdraft import kinds
 from blockdraft.export.deploy_line import export_deploy_line
-from blockdraft.export.importer import import_draft
-from blockdraft.export.vllm_config import draft_config_from_vllm_config
+from blockdraft.draft_format.importer import import_draft
+from blockdraft.draft_format.config_reader import draft_config_from_vllm_config
 from blockdraft.models.io import load_draft_config
 from blockdraft.models.target import TargetModel
 from blockdraft.engine.decoder import SpeculativeEngine

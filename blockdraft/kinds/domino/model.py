@@ -16,7 +16,7 @@ lets training's loss code (chunked or not, soft labels, D-PACE) run on them unch
 Left out of the published recipe: the base-anchored curriculum (a loss mixing the base logits' CE
 in early steps); training here uses the corrected logits' block CE alone. A reduced draft
 vocabulary is refused (the correction's output spans the target's full vocabulary). vLLM has no
-Domino drafter: the project's reference engine serves it (`serve/engine.py`).
+Domino drafter: the project's reference engine serves it (`blockdraft/engine/decoder.py`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """JetSpec: DFlash's weights with causal attention inside the block (slot k sees slots 0..k). vLLM serves it as
-DFlashDraftModel with `is_causal: true`; its config is told from DFlash's by that flag (export/causality.py)."""
+DFlashDraftModel with `is_causal: true`; its config is told from DFlash's by that flag (draft_format/causality.py)."""
 
 from blockdraft.kinds.registry import register
 from blockdraft.kinds.spec import VLLM_MODELS, KindSpec

@@ -162,7 +162,8 @@ def train_step(draft, target: TargetModel, batch: dict, cfg: LoopConfig, generat
     if module.reduced_vocab:
         sums["labels_outside_vocab"] = outside.sum().float()
     if head.base_pred is not None:
-        sums["correction_base_correct"] = (head.base_pred == labels).sum().float()  # the backbone alone, uncorrected
+        # The backbone alone, uncorrected: its argmax is a draft id, the label a target id.
+        sums["correction_base_correct"] = (module.to_target_ids(head.base_pred) == labels).sum().float()
     if kind.aside is not None:
         loss = loss + kind.aside
     pred_sup = target_pred if kind.pred is None else kind.pred

@@ -108,3 +108,16 @@ def test_a_dspark_config_without_dflash_config_reads_as_vllm_reads_it():
     native.update(dspark_target_layer_ids=[1, 3], dspark_noise_token_id=262, dspark_block_size=4)
     read = draft_config_from_vllm_config(native)
     assert (read.target_layer_ids, read.mask_token_id, read.block_size, read.markov_rank) == ([1, 3], 262, 4, 8)
+
+
+def test_the_backbones_own_accuracy_is_counted_in_target_ids_with_a_reduced_vocabulary(tiny_hf, tiny_target):
+    """`base_acc` (correction_base_correct): the backbone's argmax, a draft id, is compared with the label as the
+    target id it stands for. A fresh Markov head adds nothing, so the backbone is right exactly where the draft is."""
+    draft = make_draft(tiny_hf, "dspark", markov_rank=8, draft_vocab_size=64)
+    draft.set_draft_vocab(torch.arange(64) * 3 % tiny_hf.config.vocab_size, tiny_target.lm_head_weight)
+    cfg = LoopConfig(num_anchors=5, gamma=4.0)
+    result = train_step(draft, tiny_target, _batch(), cfg, torch.Generator().manual_seed(3))
+    sup = result.blocks.label_mask
+    correct = (result.pred[sup] == result.blocks.labels[sup]).sum().float()
+    assert correct > 0
+    assert result.sums["correction_base_correct"] == correct

@@ -41,13 +41,6 @@ def register(spec: KindSpec) -> KindSpec:
     return spec
 
 
-def unregister(name: str) -> None:
-    """Remove a kind a user registered (a test's toy kind); the built-in ones stay."""
-    if name in BUILTIN:
-        raise ValueError(f"{name!r} is a built-in kind")
-    _KINDS.pop(name, None)
-
-
 def _in_order() -> Tuple[KindSpec, ...]:
     """The built-in kinds in BUILTIN's order (whichever module imported one first), then the registered ones."""
     _load_builtin()

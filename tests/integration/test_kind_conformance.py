@@ -24,7 +24,7 @@ from tests.conftest import make_draft
 from tests.integration import toy_kind
 from tests.integration.conftest import REPO, decode_heldout_losslessly, export_here, train_tiny
 from tests.integration.test_vllm_weight_load import SERVE_PYTHON, check_weights
-from tests.unit.test_engine_sampling import N_DECODES, PROMPT, VOCAB, _chi_square_passes, _exact_pair_distribution, _tiny
+from tests.unit.test_engine_sampling import VOCAB, _tiny, assert_sampling_follows_target
 
 toy_kind.register_toy()
 KINDS = kinds.kind_names()
@@ -106,17 +106,8 @@ def test_sampled_output_follows_the_target_distribution(kind):
     draft = make_draft(hf, kind, **settings)
     with torch.no_grad():  # a draft far from the target, so rejections happen
         draft.fc.weight.mul_(50)
-    engine = SpeculativeEngine(target, draft)
     params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9)  # truncation too: q and p must agree after it
-    counts, drafts, accepted = {}, 0, 0
-    for seed in range(N_DECODES):
-        result = engine.generate(PROMPT, 2, params, seed=seed)
-        counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
-        drafts += result.stats.num_drafts
-        accepted += result.stats.num_accepted
-    assert 0 < accepted < drafts * engine.k  # both acceptances and rejections were exercised
-    ok, stat, bound = _chi_square_passes(counts, _exact_pair_distribution(hf, params), N_DECODES)
-    assert ok, f"{kind}: chi2={stat:.1f} >= {bound:.1f}"
+    assert_sampling_follows_target(hf, SpeculativeEngine(target, draft), params)
 
 
 def test_the_toy_kind_trains_with_its_own_loss(tmp_path):

@@ -61,7 +61,12 @@ def test_sampled_output_follows_target_distribution(kind, params):
     draft = make_draft(hf, kind, mask_token_id=VOCAB - 1, target_layer_ids=[0, 1], block_size=3, selector_top_k=3)
     with torch.no_grad():  # a draft far from the target, so rejections happen
         draft.fc.weight.mul_(50)
-    engine = SpeculativeEngine(target, draft)
+    assert_sampling_follows_target(hf, SpeculativeEngine(target, draft), params)
+
+
+def assert_sampling_follows_target(hf, engine, params) -> None:
+    """N_DECODES sampled decodes of two tokens from PROMPT, their pairs against the target's exact distribution;
+    the draft must be far enough from the target that both acceptances and rejections happen."""
     counts = {}
     drafts = accepted = 0
     for seed in range(N_DECODES):

@@ -7,7 +7,7 @@ from blockdraft.engine.sampling import SamplingParams
 from blockdraft.engine.target_state import TargetState
 from blockdraft.models.target import TargetModel
 from tests.conftest import make_draft
-from tests.unit.test_engine_sampling import N_DECODES, PROMPT, VOCAB, _chi_square_passes, _exact_pair_distribution, _tiny
+from tests.unit.test_engine_sampling import VOCAB, _tiny, assert_sampling_follows_target
 
 
 def _off_init(draft):
@@ -55,17 +55,7 @@ def test_sampled_output_follows_target_distribution():
     _off_init(draft)
     with torch.no_grad():  # a draft far from the target, so rejections happen
         draft.fc.weight.mul_(50)
-    engine = SpeculativeEngine(target, draft)
-    params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9)
-    counts, drafts, accepted = {}, 0, 0
-    for seed in range(N_DECODES):
-        res = engine.generate(PROMPT, 2, params, seed=seed)
-        counts[tuple(res.tokens)] = counts.get(tuple(res.tokens), 0) + 1
-        drafts += res.stats.num_drafts
-        accepted += res.stats.num_accepted
-    assert 0 < accepted < drafts * engine.k  # both acceptances and rejections were exercised
-    ok, stat, bound = _chi_square_passes(counts, _exact_pair_distribution(hf, params), N_DECODES)
-    assert ok, f"chi2={stat:.1f} >= {bound:.1f}"
+    assert_sampling_follows_target(hf, SpeculativeEngine(target, draft), SamplingParams(temperature=0.8, top_k=4, top_p=0.9))
 
 
 def test_training_walks_each_block_as_the_engine_drafts_it(tiny_hf, tiny_target):

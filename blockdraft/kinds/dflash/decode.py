@@ -1,5 +1,5 @@
 """The contract between the reference engine and a draft's `draft_block`: how the engine samples and what one
-round's drafts are. The engine passes its sampling in, so kinds/ never imports serve/."""
+round's drafts are. The engine passes its sampling in, so a kind never imports the engine that calls it."""
 
 from __future__ import annotations
 

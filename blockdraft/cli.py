@@ -13,9 +13,11 @@ import runpy
 import sys
 from typing import List, Optional
 
+from blockdraft.pipeline.settings import STAGES
+
 # command: (module, one line of what it does)
 COMMANDS = {
-    "pipeline": ("blockdraft.pipeline", "regen -> capture -> train -> export -> gate -> serve, each stage cached"),
+    "pipeline": ("blockdraft.pipeline", f"{' -> '.join(STAGES)}, each stage cached (the gate with gate=true)"),
     "regen": ("blockdraft.regen", "the target answers prompts: the training and held-out rows"),
     "capture": ("blockdraft.capture", "the target's features of the rows, once: a feature store"),
     "train": ("blockdraft.train", "train a draft (a recipe: experiment=<name>; key=value overrides)"),

@@ -1,1 +1,1 @@
-"""From a target to a draft proven in vLLM: regen -> capture -> train -> export -> gate -> serve (app.py)."""
+"""From a target to a draft proven in vLLM: gate (with gate=true) -> regen -> capture -> train -> export -> serve (app.py)."""

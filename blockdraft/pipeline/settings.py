@@ -12,7 +12,8 @@ from typing import Dict, List, Optional
 
 from blockdraft.errors import ConfigError
 
-STAGES = ("regen", "capture", "train", "export", "gate", "serve")
+# The stages in the order a pipeline runs them (app.py): the gate first, with gate=true, before any long stage.
+STAGES = ("gate", "regen", "capture", "train", "export", "serve")
 STORE_CHOICES = ("auto", "true", "false")
 # Stage apps with their own keys (`regen.workers=8` is the regen app's `workers=8`).
 APP_PREFIXES = ("regen", "capture", "export", "gate", "serve")

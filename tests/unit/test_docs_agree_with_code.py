@@ -110,3 +110,17 @@ def test_what_serves_each_kind_is_what_preflight_decides(kind):
         assert runner.startswith("V2 only") and "V2" in serves and "elsewhere the reference engine" in serves
     else:
         assert runner.startswith("V1 or V2") and "V2" not in serves and "reference engine" not in serves
+
+
+def test_the_stage_order_said_is_the_order_the_pipeline_runs():
+    """`blockdraft --help` and docs/pipeline.md's table name the stages in the pipeline's own order (the gate
+    first: test_pipeline_gate_first.py shows it runs before regen)."""
+    from blockdraft.cli import COMMANDS
+    from blockdraft.pipeline.settings import STAGES
+
+    chain = " -> ".join(STAGES)
+    assert STAGES[:2] == ("gate", "regen")
+    assert COMMANDS["pipeline"][1].startswith(chain)
+    row = next(line for line in (DOCS / "pipeline.md").read_text().splitlines()
+               if line.startswith("| `pipeline` |"))
+    assert chain in row

@@ -19,9 +19,9 @@ from typing import Optional, Sequence
 def drafted_tokens(draft) -> int:
     """Tokens one round drafts, for the `draft` config group (DraftModelConfig.num_speculative_tokens):
     block_size, for a DSpark draft whose anchor predicts; block_size - 1 otherwise."""
-    from blockdraft.models.draft_config import drafted_per_round
+    from blockdraft import kinds
 
-    return drafted_per_round(draft.kind, draft.block_size, draft)
+    return kinds.get(draft.kind).drafted_per_round(draft.block_size, draft)
 
 
 def training_ceiling(loss_mask: Sequence[bool], drafted: int) -> Optional[float]:

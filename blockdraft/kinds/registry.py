@@ -69,14 +69,6 @@ def architectures_read(spec: KindSpec) -> Tuple[str, ...]:
     return ((spec.architecture,) if spec.owns_architecture else ()) + tuple(spec.reads)
 
 
-def kind_of_architecture(architecture: str) -> Optional[str]:
-    """The kind whose export (or another stack's name for it) carries `architecture`, or None."""
-    for spec in all_kinds():
-        if architecture in architectures_read(spec):
-            return spec.name
-    return None
-
-
 def architectures() -> Dict[str, str]:
     """Every architecture name read, -> its kind."""
     return {arch: spec.name for spec in all_kinds() for arch in architectures_read(spec)}

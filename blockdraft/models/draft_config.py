@@ -142,10 +142,6 @@ class DraftModelConfig(DFlash2Settings, DominoSettings, DSparkSettings, LiLiCorr
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def check_kind(kind: str) -> None:
-    kinds.get(kind)
-
-
 def check_draft_vocab(kind: str, n: int, vocab_size: Optional[int] = None) -> None:
     """A reduced draft vocabulary of `n` ids: refused for a kind vLLM serves from the full head only, and out of
     range. The one rule training checks before it loads anything and a resolved config checks again."""
@@ -220,13 +216,3 @@ def default_layer_ids(num_target_layers: int, n: int) -> List[int]:
     if n == 1:
         return [max(0, min(1, num_target_layers - 2))]
     return [round(1 + i * (num_target_layers - 4) / (n - 1)) for i in range(n)]
-
-
-def anchor_predicts(kind: str, settings) -> bool:
-    """Slot q's output predicts the token after it (DSpark's sample_from_anchor layout), not its own."""
-    return kinds.get(kind).anchor_predicts(settings)
-
-
-def drafted_per_round(kind: str, block_size: int, settings) -> int:
-    """The tokens one round drafts, in the kind's layout (KindSpec.drafted_per_round)."""
-    return kinds.get(kind).drafted_per_round(block_size, settings)

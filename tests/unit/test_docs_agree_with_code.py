@@ -14,7 +14,6 @@ import pytest
 from blockdraft.export.references import reference_lines
 from blockdraft import kinds
 from blockdraft.kinds.registry import architectures
-from blockdraft.models.draft_config import drafted_per_round
 
 # The kinds the docs describe: the built-in ones (a kind a test registers, such as the conformance suite's toy
 # kind, is not the product's).
@@ -64,12 +63,13 @@ def test_each_kinds_num_speculative_tokens_is_the_rule_the_code_applies(kind):
     quoted = re.findall(r"`(block_size(?: - 1)?)`", cell)
     block = 8  # any block size tells the two rules apart
     value = {"block_size": block, "block_size - 1": block - 1}
-    assert value[quoted[0]] == drafted_per_round(kind, block, {"sample_from_anchor": True})
+    assert value[quoted[0]] == kinds.get(kind).drafted_per_round(block, {"sample_from_anchor": True})
     if len(quoted) > 1:  # the other layout, quoted "with `sample_from_anchor: false`"
         assert "sample_from_anchor: false" in cell
-        assert value[quoted[1]] == drafted_per_round(kind, block, {"sample_from_anchor": False})
+        assert value[quoted[1]] == kinds.get(kind).drafted_per_round(block, {"sample_from_anchor": False})
     else:
-        assert drafted_per_round(kind, block, {"sample_from_anchor": True}) == drafted_per_round(kind, block, {"sample_from_anchor": False})
+        spec = kinds.get(kind)
+        assert spec.drafted_per_round(block, {"sample_from_anchor": True}) == spec.drafted_per_round(block, {"sample_from_anchor": False})
 
 
 def test_the_importer_section_names_every_architecture_it_reads():

@@ -10,7 +10,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.models.tiny_target import save_tiny_target
 from blockdraft.serve.config import ServeConfig
 from blockdraft.serve.draft_aliases import PLUGIN_DIR
-from blockdraft.kinds.registry import kind_of_architecture
+from blockdraft.kinds.registry import architectures
 from blockdraft.serve.preflight import check_vllm_support, plan_serving, read_draft, read_target
 from blockdraft.vllm_runtime.probe import VllmInfo
 from tests.unit.test_serve_preflight import CPU_VLLM, GPU_VLLM, write_draft
@@ -50,7 +50,7 @@ def test_the_dspark_alias_is_read_as_dspark_and_its_layout(tmp_path):
     fill_in = read_draft(write_draft(tmp_path / "b", arch="Qwen3DSparkDraftModel", sample_from_anchor=False))
     assert (anchor_first.kind, anchor_first.architecture, anchor_first.trained_tokens) == ("dspark", "Qwen3DSparkDraftModel", 4)
     assert (fill_in.kind, fill_in.trained_tokens) == ("dspark", 3)
-    assert kind_of_architecture("Qwen3DSparkDraftModel") == kind_of_architecture("Qwen3DSparkModel") == "dspark"
+    assert architectures()["Qwen3DSparkDraftModel"] == architectures()["Qwen3DSparkModel"] == "dspark"
 
 
 def test_a_dspark_alias_goes_where_dspark_goes(tmp_path, target_dir):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -11,8 +10,6 @@ from blockdraft.data.sources import check_source
 from blockdraft.errors import ConfigError
 
 OVERLONG_CHOICES = ("truncate", "drop")
-CACHE_ENV = "BLOCKDRAFT_CACHE"
-DEFAULT_CACHE_DIR = "~/.cache/blockdraft/tokenized"
 
 
 @dataclass
@@ -36,7 +33,7 @@ class DataConfig:
     """Extra chat template variables, e.g. `{enable_thinking: false}`; use what serving will use."""
     cache_dir: Optional[str] = None
     """Where tokenised rows are kept, as one memory-mapped token file per dataset that every rank maps; null
-    means $BLOCKDRAFT_CACHE, else ~/.cache/blockdraft/tokenized. Give every node the same folder (the pipeline
+    means $BLOCKDRAFT_CACHE_DIR/tokenized (blockdraft.cache_paths). Give every node the same folder (the pipeline
     uses <out>/tokenized) so the rows are tokenised once, not once per node."""
     tokenize_workers: Optional[int] = None
     """Processes that tokenise rows into the token file, in order; null means min(8, the CPUs this process may
@@ -50,8 +47,9 @@ class DataConfig:
 
     def resolved_cache_dir(self) -> Path:
         """The cache folder this config points at, with the environment default applied."""
-        chosen = self.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
-        return Path(chosen).expanduser()
+        from blockdraft.cache_paths import token_files_dir
+
+        return Path(self.cache_dir).expanduser() if self.cache_dir else token_files_dir()
 
     def check_max_rows(self) -> None:
         if self.max_rows is not None and self.max_rows < 1:

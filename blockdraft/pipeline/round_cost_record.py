@@ -3,8 +3,7 @@
 A round's cost depends on the CPU (its model and instruction sets), the serving vLLM, the target and
 the draft's shape, and on nothing a pipeline's `out` holds: so a second pipeline on the same machine, in
 a new `out` or a fresh clone, reads the figure instead of paying the probe's two vLLM start-ups again.
-The file is `$BLOCKDRAFT_CACHE_DIR/round_costs.json` (default `$XDG_CACHE_HOME/blockdraft`, else
-`~/.cache/blockdraft`); deleting it measures again.
+The file is `$BLOCKDRAFT_CACHE_DIR/round_costs.json` (blockdraft.cache_paths); deleting it measures again.
 """
 
 from __future__ import annotations
@@ -15,21 +14,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
-FILE_NAME = "round_costs.json"
+from blockdraft.cache_paths import round_cost_record
+
 # What of the machine decides a round's cost: the CPU and its instruction sets, the cores, the GPU.
 MACHINE_KEYS = ("cpu_model", "cores", "avx512f", "avx512_bf16", "amx", "gpu")
 
 
-def cache_dir() -> Path:
-    explicit = os.environ.get("BLOCKDRAFT_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "blockdraft"
-
-
 def record_path() -> Path:
-    return cache_dir() / FILE_NAME
+    return round_cost_record()
 
 
 def serving_stack(python: str | Path) -> Optional[dict]:

@@ -175,10 +175,12 @@ def test_config_validation_names_the_key(cfg, change, match):
         replace(cfg, **change).validate()
 
 
-def test_cache_dir_default_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
-    assert DataConfig().resolved_cache_dir() == tmp_path
-    monkeypatch.delenv("BLOCKDRAFT_CACHE")
+def test_cache_dir_default_follows_the_cache_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("BLOCKDRAFT_CACHE_DIR", str(tmp_path))
+    assert DataConfig().resolved_cache_dir() == tmp_path / "tokenized"
+    assert DataConfig(cache_dir=str(tmp_path / "mine")).resolved_cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("BLOCKDRAFT_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     assert DataConfig().resolved_cache_dir().parts[-3:] == (".cache", "blockdraft", "tokenized")
 
 

@@ -7,8 +7,9 @@
   rows.arrow | <folder>         an arrow file as `datasets` writes them, or a folder of them
   owner/name[:config][@split]   a Hugging Face hub dataset (split `train` unless given)
 
-Hub datasets load through `datasets`, which honours HF_HUB_OFFLINE: offline, an id that is not
-in the local cache is refused when the config is checked, before any model loads.
+Hub datasets load through `datasets`, which honours HF_HUB_OFFLINE. blockdraft sets it to 1 unless the
+environment says otherwise (blockdraft/__init__.py): an id that is not in the local cache is refused when
+the config is checked, before any model loads; HF_HUB_OFFLINE=0 lets it download.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ def _unreachable(source: RowSource, key: str, err: Exception) -> str:
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return (
             f"{key}={source.spec!r}: the dataset {source.name!r} is not in the local Hugging Face cache, and "
-            "HF_HUB_OFFLINE=1 forbids downloading it. Load it once where the hub is reachable (HF_HUB_OFFLINE "
-            f"unset: `python -c \"import datasets; datasets.load_dataset('{source.name}')\"`), or point {key} at "
-            "local files (JSONL, parquet, arrow, or a save_to_disk folder)."
+            "blockdraft downloads nothing unless told to (HF_HUB_OFFLINE=1, its default). Run again with "
+            "HF_HUB_OFFLINE=0 in the environment to let `datasets` download it once into that cache, or point "
+            f"{key} at local files (JSONL, parquet, arrow, or a save_to_disk folder)."
         )
     return f"{key}={source.spec!r}: the hub could not be reached for {source.name!r} ({err}); check the network or the id."
 

@@ -1,4 +1,5 @@
-"""Helpers that propose draft settings for a target: the layer spread and mask-token candidates.
+"""Helpers that propose draft settings for a target: the layer spread and mask-token candidates, printed as
+keys to paste with what each means.
 
     python -m blockdraft.models.suggest target=<target_dir> [num_draft_layers=5]
     python -m blockdraft.models.suggest <target_dir> [num_draft_layers]
@@ -101,16 +102,54 @@ def main(argv: List[str]) -> int:
 
     config = text_config(AutoConfig.from_pretrained(settings.target))
     tokenizer = AutoTokenizer.from_pretrained(settings.target)
-    n = settings.num_draft_layers
-    try:
-        print(f"target_layer_ids for {n} draft layers: {suggest_layer_ids(config.num_hidden_layers, n)}")
-    except ConfigError as err:
-        print(f"target_layer_ids: {err}")
-    print("mask_token_id candidates (id, token):")
-    for token_id, text in mask_token_candidates(tokenizer, config.vocab_size, config):
-        print(f"  {token_id}\t{text}")
+    print("\n".join(report(settings, config, tokenizer)))
     return 0
 
+
+def fitting_layer_count(num_target_layers: int, wanted: int) -> int:
+    """`wanted`, or the most draft layers below it whose spread over a small target stays distinct."""
+    for n in range(wanted, 0, -1):
+        try:
+            suggest_layer_ids(num_target_layers, n)
+            return n
+        except ConfigError:
+            continue
+    return 1
+
+
+def report(settings: SuggestSettings, config, tokenizer) -> List[str]:
+    """What suggest prints: the target, the keys to paste, what each means, the other mask candidates and a
+    pipeline command that uses them (docs/your-own-target.md walks through it)."""
+    layers = config.num_hidden_layers
+    n = fitting_layer_count(layers, settings.num_draft_layers)
+    ids = suggest_layer_ids(layers, n)
+    candidates = mask_token_candidates(tokenizer, config.vocab_size, config)
+    arch = ",".join(getattr(config, "architectures", None) or ["?"])
+    lines = [f"target  {settings.target}: {arch}, {layers} layers, hidden {config.hidden_size}, vocab {config.vocab_size}"]
+    if n != settings.num_draft_layers:
+        lines.append(f"        {settings.num_draft_layers} draft layers would tap the same target layer twice on "
+                     f"{layers} layers: {n} suggested")
+    mask = f"draft.mask_token_id={candidates[0][0]}" if candidates else "draft.mask_token_id=<none found: see below>"
+    keys = [mask, f"draft.target_layer_ids=[{','.join(map(str, ids))}]", f"draft.num_layers={n}", "draft.block_size=16"]
+    lines += ["", "keys (give them to `blockdraft pipeline` or `blockdraft train`):", "  " + " ".join(keys), ""]
+    lines += [f"  {keys[0]:<36} the token the draft's MASK slots hold: "
+              + (f"{candidates[0][1]!r}, a reserved special token the chat template never emits (never pad, eos or "
+                 "bos). Other candidates are below, reserved-looking names first; skip any the chat template "
+                 "writes (such as <|im_start|>)." if candidates else
+                 "this tokenizer has no spare special token. Add one to the tokenizer, or give any id the chat "
+                 "template never emits with draft.train_mask_embedding=true."),
+              f"  {keys[1]:<36} the target layers whose outputs feed the draft (HF hidden_states[i + 1]): an early "
+              "layer to the third-to-last, spread evenly; vLLM reads the same layers.",
+              f"  {keys[2]:<36} the draft's own decoder layers, one per tapped layer here: 5 for 4B-8B targets "
+              "(the published drafts), 1 for a CPU draft; more layers accept more and cost more per round.",
+              f"  {keys[3]:<36} slots per block, anchor included: vLLM drafts block_size - 1 tokens a round. 16 on "
+              "a GPU (the published drafts); 4 on a CPU, where a longer block makes a round cost more.",
+              "", "mask_token_id candidates (id, token):"]
+    lines += [f"  {token_id}\t{text}" for token_id, text in candidates]
+    lines += ["", "a pipeline with these keys (docs/your-own-target.md):",
+              f"  .venv/bin/blockdraft pipeline target={settings.target} out=runs/mine prompts=<your chats.jsonl> "
+              f"experiment=dflash_gpu gate=true {' '.join(keys)}"]
+    return lines
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -69,7 +69,7 @@ def test_help_gives_every_composed_key_a_meaning(app, capsys):
 
 def test_train_help_shows_the_config_groups_and_a_recipes_defaults(capsys):
     _, text, _ = run(capsys, "train", "--help", "experiment=tiny_cpu")
-    assert ("experiment=<qwen3_8b_dflash | qwen3_8b_dflash2 | qwen3_8b_dspark | qwen3_8b_lilicorr | smollm2_dflash2_cpu"
+    assert ("experiment=<dflash_gpu | qwen3_8b_dflash | qwen3_8b_dflash2 | qwen3_8b_dspark | qwen3_8b_lilicorr | smollm2_dflash2_cpu"
             " | smollm2_dflash_cpu | smollm2_dspark_cpu | smollm2_lilicorr_cpu | tiny_cpu>") in text
     assert "  draft.block_size: int = 4\n" in text  # the recipe's, not the schema's 16
 

@@ -75,6 +75,10 @@ def test_every_printed_suggest_command_runs_as_printed(target_dir, capsys):
 def test_suggest_takes_target_and_num_draft_layers_keys(target_dir, capsys):
     assert cli.main(["suggest", f"target={target_dir}", "num_draft_layers=2"]) == 0
     out = capsys.readouterr().out
-    assert "target_layer_ids for 2 draft layers: [1, 3]" in out and "262\t<|reserved_2|>" in out
+    assert "draft.mask_token_id=260 draft.target_layer_ids=[1,3] draft.num_layers=2 draft.block_size=16" in out
+    assert "262\t<|reserved_2|>" in out
+    assert cli.main(["suggest", f"target={target_dir}"]) == 0  # 5 layers collapse on 6: the most that fit
+    out = capsys.readouterr().out
+    assert "3 suggested" in out and "draft.target_layer_ids=[1,2,3] draft.num_layers=3" in out
     assert cli.main(["suggest", "target=/no/such/dir"]) == 2
     assert "has no config.json" in capsys.readouterr().err

@@ -28,6 +28,7 @@ COMMANDS = {
     "gate": ("blockdraft.gate", "the one-sample gate: does serving compute what training computed?"),
     "suggest": ("blockdraft.models.suggest", "target_layer_ids and mask-token candidates for a target"),
     "demo": ("blockdraft.demo", "the pipeline on SmolLM2-135M-Instruct, offline (what make demo runs)"),
+    "doctor": ("blockdraft.doctor", "is everything the product needs on this machine? one line a check, with the fix"),
 }
 
 # The `blockdraft <command>` running in this process, for the usage line of its help: runpy replaces

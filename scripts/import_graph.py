@@ -16,9 +16,9 @@ from typing import Dict, List, Set
 
 REPO = Path(__file__).resolve().parents[1]
 # The stages in the order data flows through them; each may import the ones before it, never one after.
-# The apps that drive them all (the command line, the demo) sit above; everything else under blockdraft/ is
+# The apps that drive them all (the command line, the demo, the doctor) sit above; everything else under blockdraft/ is
 # shared below them all.
-ABOVE = ("blockdraft.cli", "blockdraft.demo", "blockdraft.demo_budget")
+ABOVE = ("blockdraft.cli", "blockdraft.demo", "blockdraft.demo_budget", "blockdraft.doctor")
 STAGES = ("regen", "capture", "train", "export", "serve", "gate", "eval", "pipeline")
 # A test of a draft kind's name: a comparison with, or a membership among, the kinds' names.
 KIND_NAMES = r"(dflash|dflash2|jetspec|domino|dspark|lilicorr)"

@@ -2,7 +2,7 @@
 train < export < serve < gate < eval < pipeline), each import only the stages before it; every other module
 under blockdraft/ (models/, data/, kinds/, config/, ranks/, losses/, engine/, draft_format/, vllm_runtime/,
 errors.py ...) is shared, below every stage, and imports none; the pipeline is imported only by the apps that
-drive it all (blockdraft/cli.py, demo.py, demo_budget.py). Imports are read as scripts/import_graph.py reads
+drive it all (blockdraft/cli.py, demo.py, demo_budget.py, doctor.py). Imports are read as scripts/import_graph.py reads
 them: module-level and inside functions alike (a wall crossed inside a function is still crossed), the
 TYPE_CHECKING ones too. Also: `data/` and `vllm_runtime/` never import `serve/`."""
 
@@ -57,7 +57,7 @@ def test_no_shared_module_imports_a_stage():
 
 
 def test_only_the_pipeline_and_the_apps_import_the_pipeline():
-    assert set(GRAPH.ABOVE) == {"blockdraft.cli", "blockdraft.demo", "blockdraft.demo_budget"}
+    assert set(GRAPH.ABOVE) == {"blockdraft.cli", "blockdraft.demo", "blockdraft.demo_budget", "blockdraft.doctor"}
     offenders = [f"{m} -> {t}" for m, t in package_imports()
                  if _stage(t) == "pipeline" and _stage(m) != "pipeline" and m not in GRAPH.ABOVE]
     assert not offenders, f"imports of blockdraft.pipeline from below it: {offenders}"

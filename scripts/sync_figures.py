@@ -7,9 +7,11 @@ A block in docs/benchmarks.md:
     <!-- /figures -->
 
 A page that shows it holds the same markers; this script rewrites what lies between them from the source.
+A few blocks are settings rather than measurements; their home is the code, and they are rendered from it
+(GENERATED: the demo's preset, from blockdraft/demo.py).
 
-    python scripts/sync_figures.py            # rewrite every copy
-    python scripts/sync_figures.py --check    # list stale or unknown copies; exit 1 if any
+    .venv/bin/python scripts/sync_figures.py            # rewrite every copy
+    .venv/bin/python scripts/sync_figures.py --check    # list stale or unknown copies; exit 1 if any
 
 tests/unit/test_figures_one_home.py runs the check, so a figure changed in one place only fails `make test`.
 """
@@ -30,6 +32,31 @@ def blocks(text: str) -> Dict[str, str]:
     return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
 
 
+def demo_preset() -> str:
+    """The demo's preset as blockdraft/demo.py holds it: the keys every CPU gets, then each class's sized ones."""
+    from blockdraft import demo
+
+    words, lines, line = list(demo.PRESET), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > 100:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    lines.append(line)
+    rows = [f"| {demo.CPU_NAMES[kind]} | `{' '.join(demo.sized_for(facts))}` |"
+            for kind, facts in (("amx", {"amx": True}), ("avx512_bf16", {"avx512_bf16": True}), ("other", {}))]
+    return ("```\n" + "\n".join(lines) + "\n```\n\nand the keys sized for the CPU's class:\n\n"
+            "| CPU class | sized keys |\n|---|---|\n" + "\n".join(rows) + "\n")
+
+
+GENERATED = {"demo-preset": demo_preset}
+
+
+def sources() -> Dict[str, str]:
+    return {**blocks(HOME.read_text()), **{name: render() for name, render in GENERATED.items()}}
+
+
 def pages() -> List[Path]:
     """Every page but the figures' home and its history."""
     return [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if not p.name.startswith("benchmarks"))]
@@ -45,7 +72,7 @@ def synced(text: str, source: Dict[str, str]) -> str:
 
 
 def problems() -> List[str]:
-    source = blocks(HOME.read_text())
+    source = sources()
     found = []
     for page in pages():
         text = page.read_text()
@@ -53,7 +80,8 @@ def problems() -> List[str]:
             if name not in source:
                 found.append(f"{page.relative_to(REPO)}: figures '{name}' has no block in docs/benchmarks.md")
             elif blocks(text)[name] != source[name]:
-                found.append(f"{page.relative_to(REPO)}: figures '{name}' differs from docs/benchmarks.md's; "
+                home = "the code's" if name in GENERATED else "docs/benchmarks.md's"
+                found.append(f"{page.relative_to(REPO)}: figures '{name}' differs from {home}; "
                              "run python scripts/sync_figures.py")
     return found
 
@@ -63,7 +91,7 @@ def main(argv: List[str]) -> int:
         found = problems()
         print("\n".join(found) or "every copied figure matches docs/benchmarks.md")
         return 1 if found else 0
-    source = blocks(HOME.read_text())
+    source = sources()
     for page in pages():
         text = page.read_text()
         try:

@@ -23,8 +23,8 @@ from blockdraft.vllm_runtime import DEFAULT_VLLM_PYTHON, REPO_ROOT
 
 SERVING_FIX = "run `make setup-serve` (or give vllm_python=<a python with vLLM>)"
 TINY_TARGET = REPO_ROOT / ".cache" / "targets" / "tiny-qwen3"
-TINY_FIX = ("in the repository run `.venv/bin/python -c \"from blockdraft.models.tiny_target import save_tiny_target; "
-            "save_tiny_target('.cache/targets/tiny-qwen3')\"` (the integration tests write it too)")
+# The README's first run writes it (its recipe's target builds itself where it is missing).
+TINY_FIX = "run the README's first run: `.venv/bin/blockdraft train experiment=tiny_cpu run_dir=runs/first`"
 
 
 @dataclass

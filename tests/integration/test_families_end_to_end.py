@@ -47,7 +47,7 @@ def test_the_serving_vllm_knows_the_base_family(vllm_answers):
 def test_a_family_trains_exports_and_is_served_or_checked(arch, tmp_path, vllm_answers, monkeypatch):
     target, data = tmp_path / "target", tmp_path / "data"
     run = train_tiny(tmp_path / "run", f"target.path={target}", f"target.tiny={arch}", f"data.train={data / 'train.jsonl'}",
-                     f"data.val={data / 'val.jsonl'}", "prepare.num_train=16", "prepare.num_val=4", "prepare.max_new_tokens=32",
+                     f"data.val={data / 'val.jsonl'}", "prepare.num_train=16", "prepare.num_val=4", "prepare.max_new_tokens=16",
                      "train.max_steps=60")
     losses = [r["loss"] for r in read_metrics(run) if "split" not in r]
     assert losses[-1] < losses[0] - 0.1, losses

@@ -15,8 +15,10 @@ from blockdraft.pipeline.commands import train_argv
 from blockdraft.pipeline.settings import parse_overrides
 from tests.integration.conftest import REPO, tiny_overrides
 from tests.integration.test_train_tiny import _train_rows
+from tests.integration.test_distributed import _train_here
 
 ARGS = ("data.val=null", "train.log_every=1", "train.save_every=2", "train.max_steps=6", "train.keep_last=5")
+REFERENCE_ARGS = ARGS[2:]  # _train_here adds data.val=null and train.log_every=1
 # Rank 1 dies in step 3 (step_2 saved), in the first attempt only: the restarted group must not be killed again.
 KILL = "train.after_backward@3~rank=1~attempt=0:kill"
 
@@ -57,11 +59,14 @@ def test_a_rank_killed_mid_run_restarts_the_group_which_resumes_to_the_same_loss
     killed, reference = tmp_path / "killed", tmp_path / "reference"
     proc = launch(killed, fault=KILL)
     # The uninterrupted run starts once the first has built the recipe's target and rows (shared, built by one run
-    # at a time), and runs while the first one's torchrun stops and restarts its group.
+    # at a time), and runs while the first one's torchrun stops and restarts its group. It is one rank in this
+    # process accumulating the same global batch (2 ranks x 4 rows = 1 rank x 4 rows x 2), which trains what two
+    # ranks do (tests/integration/test_distributed.py), without a second torchrun's three interpreters.
     deadline = time.monotonic() + 240
     while not (killed / "checkpoints" / "step_2").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    finish(launch(reference), reference)
+    code, out = _train_here(reference, *REFERENCE_ARGS, "train.grad_accum=2")
+    assert code == 0, out[-3000:]
     log = finish(proc, killed)
     assert log.count("[fault] train.after_backward: kill") == 1, log[-3000:]  # the restarted rank 1 was spared
     assert "failed (exitcode: -9) local_rank: 1" in log, log[-3000:]  # torchrun saw rank 1 die, then restarted

@@ -16,8 +16,15 @@ def _big_target(path):
     from blockdraft.models.tiny_target import tiny_config
     import transformers
 
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(tiny_config("qwen3", num_layers=12, hidden_size=1024))
+    # Built on the meta device and given random weights once: the default initialisers' two passes over 100M
+    # parameters cost seconds. Every tensor is written (and so resident), as a real checkpoint's are.
+    with torch.device("meta"):
+        model = transformers.Qwen3ForCausalLM(tiny_config("qwen3", num_layers=12, hidden_size=1024))
+    model = model.to_empty(device="cpu")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.02, generator=generator)
     model.save_pretrained(path)
     return sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
 

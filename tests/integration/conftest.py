@@ -128,3 +128,25 @@ def export_here(checkpoint, out, *extra):
 
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def page_rehearsal(tmp_path_factory):
+    """docs/your-own-target.md's rehearsal on the tiny target without its vLLM start-ups, then the same command
+    again with throughput and logging knobs changed: (runs, out, the first run, the second, the parts of the
+    store and the run the second rewrote). tests/integration/test_pipeline.py and test_your_own_target_page.py
+    assert on it."""
+    from blockdraft.models.tiny_target import save_tiny_target
+    from tests.faults.test_reruns import NEUTRAL, snapshot
+    from tests.integration.own_target_page import WITHOUT_VLLM, rehearsal_command, run_page_command
+
+    save_tiny_target(REPO / ".cache" / "targets" / "tiny-qwen3", "qwen3")
+    runs = tmp_path_factory.mktemp("own_target") / "runs"
+    replace, add = WITHOUT_VLLM
+    first = run_page_command(rehearsal_command(), runs, replace, add, check=False)
+    out = runs / "own-tiny"
+    before = {part: snapshot(out / part) for part in ("store", "run")}
+    second = run_page_command(rehearsal_command(), runs, replace, [*add, *NEUTRAL], check=False)
+    rewritten = [part for part in before if snapshot(out / part) != before[part]]
+    return runs, out, first, second, rewritten
+

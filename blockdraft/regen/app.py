@@ -16,7 +16,6 @@ Writes, under `out`:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from dataclasses import asdict
@@ -105,7 +104,6 @@ def resolve_backend(cfg: RegenConfig) -> str:
 def run_regen(cfg: RegenConfig) -> Path:
     """Generate whatever the splits still miss; returns `out`."""
     cfg.validate()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = Path(cfg.out)
     backend = resolve_backend(cfg)
     # One regen per out (blockdraft/out_lock.py): a second one is refused here, before it reads or writes a row.

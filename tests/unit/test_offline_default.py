@@ -39,3 +39,13 @@ def test_an_app_started_without_the_variable_stays_offline_and_says_how_to_downl
 
 def test_the_users_explicit_choice_wins():
     assert "offline False" in probe(HF_HUB_OFFLINE="0")
+
+
+def test_the_pipelines_stages_get_the_users_choice(monkeypatch):
+    """A stage reads the dataset a user allowed to download (HF_HUB_OFFLINE=0); by default it stays offline."""
+    from blockdraft.pipeline.process import stage_environment
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert stage_environment()["HF_HUB_OFFLINE"] == "0"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert stage_environment()["HF_HUB_OFFLINE"] == "1"

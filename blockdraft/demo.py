@@ -80,7 +80,12 @@ def cpu_class(facts: dict) -> str:
 
 
 def sized_for(facts: dict) -> List[str]:
-    size = SIZES[cpu_class(facts)]
+    return sized_for_class(cpu_class(facts))
+
+
+def sized_for_class(name: str) -> List[str]:
+    """The keys SIZES sets for one CPU class."""
+    size = SIZES[name]
     return [f"regen.num_train={size['rows']}", f"train.max_minutes={size['minutes']:g}", f"train.max_steps={size['steps']}",
             f"serve.num_prompts={size['serve_prompts']}", f"serve.warmup_prompts={size['warmup_prompts']}",
             *(["train.kl_weight=1.0"] if size.get("soft_labels") else []),

@@ -44,8 +44,7 @@ def demo_preset() -> str:
         else:
             line = f"{line} {word}".strip()
     lines.append(line)
-    rows = [f"| {demo.CPU_NAMES[kind]} | `{' '.join(demo.sized_for(facts))}` |"
-            for kind, facts in (("amx", {"amx": True}), ("avx512_bf16", {"avx512_bf16": True}), ("other", {}))]
+    rows = [f"| {demo.CPU_NAMES[name]} | `{' '.join(demo.sized_for_class(name))}` |" for name in demo.SIZES]
     return ("```\n" + "\n".join(lines) + "\n```\n\nand the keys sized for the CPU's class:\n\n"
             "| CPU class | sized keys |\n|---|---|\n" + "\n".join(rows) + "\n")
 

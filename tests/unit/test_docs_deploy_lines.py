@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from blockdraft import kinds
+from blockdraft.kinds.registry import BUILTIN
 from blockdraft.export.deploy_line import V2_RUNNER_ENV, deploy_line
 from tests.unit.export_helpers import draft_config
 
@@ -29,10 +31,12 @@ LINES = deploy_lines()
 
 
 def kind_and_block(words, spec):
+    """The first built-in kind whose entry prints this method and runner, and the block it drafts these tokens
+    from in its default layout (kinds that print the same line share one: dflash and jetspec, dflash2 and lilicorr)."""
     v2 = f"{V2_RUNNER_ENV}=1" in words
-    if spec["method"] == "dspark":
-        return "dspark", spec["num_speculative_tokens"]
-    return ("dflash2" if v2 else "dflash"), spec["num_speculative_tokens"] + 1
+    entry = next(k for k in map(kinds.get, BUILTIN) if k.vllm_method == spec["method"] and bool(k.v2_runner) == v2)
+    drafted = spec["num_speculative_tokens"]
+    return entry.name, drafted if entry.anchor_predicts({}) else drafted + 1
 
 
 def test_the_pages_show_deploy_lines():
@@ -46,8 +50,7 @@ def test_each_page_shows_the_line_as_printed(line):
     assert words[at] == "vllm", f"the product prints `vllm serve`, not `{words[at]} serve`: {line}"
     spec = json.loads(words[words.index("--speculative-config") + 1])
     kind, block = kind_and_block(words, spec)
-    extra = {"markov_rank": 8} if kind == "dspark" else {}
     target = words[at + 2]
-    printed = deploy_line(draft_config(kind, block_size=block, **extra), spec["model"],
+    printed = deploy_line(draft_config(kind, block_size=block), spec["model"],
                           None if re.fullmatch(r"<[^>]*>", target) else target, mask_embedding=False)
     assert line == printed.command

@@ -74,11 +74,10 @@ def problems() -> List[str]:
     source = sources()
     found = []
     for page in pages():
-        text = page.read_text()
-        for name in blocks(text):
+        for name, body in blocks(page.read_text()).items():
             if name not in source:
                 found.append(f"{page.relative_to(REPO)}: figures '{name}' has no block in docs/benchmarks.md")
-            elif blocks(text)[name] != source[name]:
+            elif body != source[name]:
                 home = "the code's" if name in GENERATED else "docs/benchmarks.md's"
                 found.append(f"{page.relative_to(REPO)}: figures '{name}' differs from {home}; "
                              "run python scripts/sync_figures.py")
